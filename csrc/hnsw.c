@@ -1,0 +1,500 @@
+#include "hnsw.h"
+#include "common.h"
+
+#include <math.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- scratch */
+
+int kd_scratch_reserve(struct kd_search_scratch *s, uint64_t nodes, size_t ef, uint32_t m0)
+{
+    if (nodes > s->visited.cap) {
+        uint64_t cap = nodes + nodes / 4 + 1024;
+        uint16_t *t = calloc(cap, sizeof(uint16_t));
+        if (!t)
+            return kd_fail(-ENOMEM, "out of memory for search scratch");
+        free(s->visited.tags);
+        s->visited.tags = t;
+        s->visited.cap = cap;
+        s->visited.now = 0;
+    }
+    size_t need = ef + m0 + 2;
+    if (need > s->heap_cap) {
+        struct kd_heap_item *c = realloc(s->cand, need * sizeof *c);
+        if (c)
+            s->cand = c;
+        struct kd_heap_item *r = realloc(s->res, need * sizeof *r);
+        if (r)
+            s->res = r;
+        if (!c || !r)
+            return kd_fail(-ENOMEM, "out of memory for search scratch");
+        s->heap_cap = need;
+    }
+    if (!s->rows) {
+        s->rows = malloc((m0 + 1) * sizeof(uint32_t));
+        s->dists = malloc((m0 + 1) * sizeof(float));
+        s->list = malloc((m0 + 1) * sizeof(uint32_t));
+        if (!s->rows || !s->dists || !s->list)
+            return kd_fail(-ENOMEM, "out of memory for search scratch");
+    }
+    return 0;
+}
+
+void kd_scratch_free(struct kd_search_scratch *s)
+{
+    free(s->visited.tags);
+    free(s->cand);
+    free(s->res);
+    free(s->rows);
+    free(s->dists);
+    free(s->list);
+    memset(s, 0, sizeof *s);
+}
+
+static void visited_next(struct kd_visited *v)
+{
+    if (++v->now == 0) {
+        memset(v->tags, 0, v->cap * sizeof(uint16_t));
+        v->now = 1;
+    }
+}
+
+/* ---- binary heaps: cand is a min-heap, res a max-heap, on dist. */
+
+static inline int before(struct kd_heap_item a, struct kd_heap_item b, int max)
+{
+    return max ? a.dist > b.dist : a.dist < b.dist;
+}
+
+static void heap_push(struct kd_heap_item *h, size_t *n, struct kd_heap_item it, int max)
+{
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!before(it, h[p], max))
+            break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = it;
+}
+
+static struct kd_heap_item heap_pop(struct kd_heap_item *h, size_t *n, int max)
+{
+    struct kd_heap_item top = h[0], last = h[--(*n)];
+    size_t i = 0, len = *n;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= len)
+            break;
+        if (c + 1 < len && before(h[c + 1], h[c], max))
+            c++;
+        if (!before(h[c], last, max))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (len)
+        h[i] = last;
+    return top;
+}
+
+static int cand_grow(struct kd_search_scratch *s, size_t n)
+{
+    if (n < s->heap_cap)
+        return 0;
+    size_t cap = s->heap_cap * 2;
+    struct kd_heap_item *c = realloc(s->cand, cap * sizeof *c);
+    struct kd_heap_item *r = c ? realloc(s->res, cap * sizeof *r) : NULL;
+    if (c)
+        s->cand = c;
+    if (r)
+        s->res = r;
+    if (!c || !r)
+        return -ENOMEM;
+    s->heap_cap = cap;
+    return 0;
+}
+
+/* ---- locks (build only) */
+
+static inline void node_lock(const struct kd_graph *g, uint32_t i)
+{
+    while (__atomic_test_and_set(&g->locks[i], __ATOMIC_ACQUIRE))
+        sched_yield();
+}
+
+static inline void node_unlock(const struct kd_graph *g, uint32_t i)
+{
+    __atomic_clear(&g->locks[i], __ATOMIC_RELEASE);
+}
+
+/* Copy a node's list (under its lock while building); returns its length. */
+static uint32_t read_list(const struct kd_graph *g, uint32_t node, int level, uint32_t *out,
+                          int locked)
+{
+    const uint32_t *l = kd_graph_list(g, node, level);
+    if (locked)
+        node_lock(g, node);
+    uint32_t n = l[0];
+    memcpy(out, l + 1, n * sizeof(uint32_t));
+    if (locked)
+        node_unlock(g, node);
+    return n;
+}
+
+/* ---- search */
+
+/* Beam search on one level from the entries in s->res[0..nentry). */
+static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s, int level,
+                           size_t ef, size_t nentry, kd_batch_dist_fn dist, void *dctx,
+                           kd_accept_fn accept, const void *actx, int locked)
+{
+    struct kd_visited *v = &s->visited;
+    visited_next(v);
+    size_t ncand = 0, nres = 0;
+    /* Entries arrive in s->res, which is about to become the result heap. */
+    struct kd_heap_item tmp[64];
+    size_t ne = nentry < 64 ? nentry : 64;
+    memcpy(tmp, s->res, ne * sizeof *tmp);
+    for (size_t i = 0; i < ne; i++) {
+        v->tags[tmp[i].row] = v->now;
+        heap_push(s->cand, &ncand, tmp[i], 0);
+        if (!accept || accept(actx, tmp[i].row))
+            heap_push(s->res, &nres, tmp[i], 1);
+    }
+    while (ncand > 0) {
+        struct kd_heap_item c = heap_pop(s->cand, &ncand, 0);
+        if (nres >= ef && c.dist > s->res[0].dist)
+            break;
+        uint32_t n = read_list(g, c.row, level, s->list, locked), m = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t r = s->list[i];
+            if (v->tags[r] != v->now) {
+                v->tags[r] = v->now;
+                s->rows[m++] = r;
+            }
+        }
+        if (!m)
+            continue;
+        dist(dctx, s->rows, m, s->dists);
+        for (uint32_t i = 0; i < m; i++) {
+            float d = s->dists[i];
+            if (nres < ef || d < s->res[0].dist) {
+                struct kd_heap_item it = {d, s->rows[i]};
+                if (cand_grow(s, ncand + 1))
+                    return 0;
+                heap_push(s->cand, &ncand, it, 0);
+                if (!accept || accept(actx, it.row)) {
+                    heap_push(s->res, &nres, it, 1);
+                    if (nres > ef)
+                        heap_pop(s->res, &nres, 1);
+                }
+            }
+        }
+    }
+    /* Heap-sort the results ascending in place. */
+    for (size_t n = nres; n > 1;) {
+        struct kd_heap_item top = heap_pop(s->res, &n, 1);
+        s->res[n] = top;
+    }
+    return nres;
+}
+
+/* Greedy walk down to `stop`+1, starting from the entry; result in s->res[0]. */
+static void descend(const struct kd_graph *g, struct kd_search_scratch *s, uint32_t ep,
+                    int top, int stop, kd_batch_dist_fn dist, void *dctx, int locked)
+{
+    float d;
+    dist(dctx, &ep, 1, &d);
+    for (int level = top; level > stop; level--) {
+        for (int changed = 1; changed;) {
+            changed = 0;
+            uint32_t n = read_list(g, ep, level, s->rows, locked);
+            if (!n)
+                break;
+            dist(dctx, s->rows, n, s->dists);
+            for (uint32_t i = 0; i < n; i++)
+                if (s->dists[i] < d) {
+                    d = s->dists[i];
+                    ep = s->rows[i];
+                    changed = 1;
+                }
+        }
+    }
+    s->res[0].row = ep;
+    s->res[0].dist = d;
+}
+
+size_t kd_graph_search(const struct kd_graph *g, struct kd_search_scratch *s, size_t ef,
+                       kd_batch_dist_fn dist, void *dctx, kd_accept_fn accept,
+                       const void *actx)
+{
+    if (g->entry == KD_NONE)
+        return 0;
+    descend(g, s, g->entry, g->max_level, 0, dist, dctx, 0);
+    return search_layer(g, s, 0, ef, 1, dist, dctx, accept, actx, 0);
+}
+
+/* ---- structure */
+
+int kd_graph_init(struct kd_graph *g, uint32_t m)
+{
+    memset(g, 0, sizeof *g);
+    g->m = m;
+    g->m0 = 2 * m;
+    g->entry = KD_NONE;
+    g->max_level = -1;
+    g->owns = 1;
+    pthread_mutex_init(&g->entry_lock, NULL);
+    return 0;
+}
+
+void kd_graph_free(struct kd_graph *g)
+{
+    if (g->owns) {
+        for (uint64_t i = 0; g->upper && i < g->count; i++)
+            free(g->upper[i]);
+        free(g->level0);
+        free(g->levels);
+    }
+    free(g->upper);
+    free(g->locks);
+    pthread_mutex_destroy(&g->entry_lock);
+    memset(g, 0, sizeof *g);
+}
+
+int kd_graph_reserve(struct kd_graph *g, uint64_t cap)
+{
+    uint32_t *l0 = realloc(g->level0, cap * (1 + g->m0) * sizeof(uint32_t));
+    if (l0)
+        g->level0 = l0;
+    uint8_t *lv = realloc(g->levels, cap);
+    if (lv)
+        g->levels = lv;
+    uint32_t **up = realloc(g->upper, cap * sizeof(uint32_t *));
+    if (up)
+        g->upper = up;
+    uint8_t *lk = realloc(g->locks, cap);
+    if (lk)
+        g->locks = lk;
+    if (!l0 || !lv || !up || !lk)
+        return kd_fail(-ENOMEM, "out of memory for the graph");
+    return 0;
+}
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+int kd_graph_level_for(uint64_t seed, uint64_t row, uint32_t m)
+{
+    uint64_t h = mix64(seed * 0x9e3779b97f4a7c15ull + row + 1);
+    double u = ((double)(h >> 11) + 0.5) / 9007199254740992.0;
+    int level = (int)(-log(u) / log((double)m));
+    return level > KD_MAX_LEVEL ? KD_MAX_LEVEL : level;
+}
+
+int kd_graph_prepare(struct kd_graph *g, uint64_t first, uint64_t last, uint64_t seed)
+{
+    for (uint64_t i = first; i < last; i++) {
+        int level = kd_graph_level_for(seed, i, g->m);
+        g->levels[i] = (uint8_t)level;
+        g->level0[i * (1 + g->m0)] = 0;
+        g->locks[i] = 0;
+        g->upper[i] = NULL;
+        if (level > 0) {
+            g->upper[i] = calloc((size_t)level * (1 + g->m), sizeof(uint32_t));
+            if (!g->upper[i]) {
+                for (uint64_t j = first; j < i; j++)
+                    free(g->upper[j]);
+                return kd_fail(-ENOMEM, "out of memory for the graph");
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---- insertion */
+
+struct insert_ctx {
+    struct kd_graph *g;
+    const struct kd_build_oracle *o;
+    uint32_t ef;
+    uint64_t next, last;
+    int err;
+};
+
+struct from_node {
+    const struct kd_build_oracle *o;
+    uint32_t node;
+};
+
+static void dist_from_node(void *ctx, const uint32_t *rows, size_t n, float *out)
+{
+    struct from_node *f = ctx;
+    f->o->from(f->o->ctx, f->node, rows, n, out);
+}
+
+/* Keep candidates (ascending) that are closer to the base than to any kept
+ * one: the HNSW diversity heuristic. */
+static size_t select_diverse(const struct kd_build_oracle *o, const struct kd_heap_item *c,
+                             size_t n, size_t cap, uint32_t *out)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < n && kept < cap; i++) {
+        int good = 1;
+        for (size_t j = 0; j < kept && good; j++)
+            if (o->pair(o->ctx, c[i].row, out[j]) < c[i].dist)
+                good = 0;
+        if (good)
+            out[kept++] = c[i].row;
+    }
+    return kept;
+}
+
+static int cmp_item(const void *a, const void *b)
+{
+    const struct kd_heap_item *x = a, *y = b;
+    return (x->dist > y->dist) - (x->dist < y->dist);
+}
+
+static void link_back(struct kd_graph *g, const struct kd_build_oracle *o, uint32_t nb,
+                      uint32_t node, int level, struct kd_heap_item *buf, uint32_t *rows,
+                      float *dists)
+{
+    uint32_t cap = level == 0 ? g->m0 : g->m;
+    node_lock(g, nb);
+    uint32_t *l = kd_graph_list(g, nb, level);
+    uint32_t n = l[0];
+    for (uint32_t i = 0; i < n; i++)
+        if (l[1 + i] == node) {
+            node_unlock(g, nb);
+            return;
+        }
+    if (n < cap) {
+        l[1 + n] = node;
+        l[0] = n + 1;
+    } else {
+        memcpy(rows, l + 1, n * sizeof(uint32_t));
+        rows[n] = node;
+        o->from(o->ctx, nb, rows, n + 1, dists);
+        for (uint32_t i = 0; i <= n; i++) {
+            buf[i].row = rows[i];
+            buf[i].dist = dists[i];
+        }
+        qsort(buf, n + 1, sizeof *buf, cmp_item);
+        l[0] = (uint32_t)select_diverse(o, buf, n + 1, cap, l + 1);
+    }
+    node_unlock(g, nb);
+}
+
+static int insert_one(struct kd_graph *g, const struct kd_build_oracle *o, uint32_t node,
+                      uint32_t ef, struct kd_search_scratch *s, struct kd_heap_item *buf,
+                      uint32_t *rows, float *dists)
+{
+    int level = g->levels[node];
+    pthread_mutex_lock(&g->entry_lock);
+    uint32_t ep = g->entry;
+    int top = g->max_level;
+    int hold = level > top;
+    if (ep == KD_NONE) {
+        g->entry = node;
+        g->max_level = level;
+        pthread_mutex_unlock(&g->entry_lock);
+        return 0;
+    }
+    if (!hold)
+        pthread_mutex_unlock(&g->entry_lock);
+
+    struct from_node f = {o, node};
+    descend(g, s, ep, top, level, dist_from_node, &f, 1);
+    size_t nentry = 1;
+    uint32_t *chosen = rows + g->m0 + 2;
+    for (int lc = level < top ? level : top; lc >= 0; lc--) {
+        size_t nres = search_layer(g, s, lc, ef, nentry, dist_from_node, &f, NULL, NULL, 1);
+        if (!nres) {
+            if (hold)
+                pthread_mutex_unlock(&g->entry_lock);
+            return kd_fail(-ENOMEM, "out of memory while building the graph");
+        }
+        size_t kept = select_diverse(o, s->res, nres, g->m, chosen);
+        uint32_t *l = kd_graph_list(g, node, lc);
+        node_lock(g, node);
+        memcpy(l + 1, chosen, kept * sizeof(uint32_t));
+        l[0] = (uint32_t)kept;
+        node_unlock(g, node);
+        for (size_t i = 0; i < kept; i++)
+            link_back(g, o, chosen[i], node, lc, buf, rows, dists);
+        nentry = nres < 64 ? nres : 64;
+    }
+    if (hold) {
+        g->entry = node;
+        g->max_level = level;
+        pthread_mutex_unlock(&g->entry_lock);
+    }
+    return 0;
+}
+
+static void *insert_worker(void *arg)
+{
+    struct insert_ctx *c = arg;
+    struct kd_graph *g = c->g;
+    struct kd_search_scratch s = {0};
+    struct kd_heap_item *buf = malloc((g->m0 + 2) * sizeof *buf);
+    uint32_t *rows = malloc((2 * g->m0 + 4) * sizeof(uint32_t));
+    float *dists = malloc((g->m0 + 2) * sizeof(float));
+    int err = kd_scratch_reserve(&s, c->last, c->ef, g->m0);
+    if (!err && (!buf || !rows || !dists))
+        err = kd_fail(-ENOMEM, "out of memory while building the graph");
+    while (!err && !__atomic_load_n(&c->err, __ATOMIC_RELAXED)) {
+        uint64_t i = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED);
+        if (i >= c->last)
+            break;
+        err = insert_one(g, c->o, (uint32_t)i, c->ef, &s, buf, rows, dists);
+    }
+    if (err)
+        __atomic_store_n(&c->err, err, __ATOMIC_RELAXED);
+    kd_scratch_free(&s);
+    free(buf);
+    free(rows);
+    free(dists);
+    return NULL;
+}
+
+int kd_graph_insert_range(struct kd_graph *g, uint64_t first, uint64_t last,
+                          uint32_t ef_construction, const struct kd_build_oracle *o,
+                          unsigned threads)
+{
+    struct insert_ctx c = {g, o, ef_construction, first, last, 0};
+    g->count = last;
+    /* The first node alone sets the entry point, so workers start from it. */
+    if (g->entry == KD_NONE && first < last) {
+        struct insert_ctx one = {g, o, ef_construction, first, first + 1, 0};
+        insert_worker(&one);
+        if (one.err)
+            return one.err;
+        c.next = first + 1;
+    }
+    if (threads > last - c.next)
+        threads = (unsigned)(last - c.next);
+    if (threads <= 1) {
+        insert_worker(&c);
+    } else {
+        pthread_t *t = malloc(threads * sizeof *t);
+        unsigned started = 0;
+        for (; t && started < threads - 1; started++)
+            if (pthread_create(&t[started], NULL, insert_worker, &c) != 0)
+                break;
+        insert_worker(&c);
+        for (unsigned i = 0; i < started; i++)
+            pthread_join(t[i], NULL);
+        free(t);
+    }
+    return c.err;
+}

@@ -1,0 +1,92 @@
+/* hnsw.h — the proximity graph: layered neighbour lists, parallel insertion
+ * over exact float32 distances, and beam search driven by any batch distance
+ * (quantized estimates at query time). */
+#ifndef KD_HNSW_H
+#define KD_HNSW_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KD_MAX_LEVEL 15
+#define KD_NONE UINT32_MAX
+
+struct kd_graph {
+    uint32_t m, m0;          /* list capacity on upper levels / level 0 (2m) */
+    uint64_t count;          /* nodes present */
+    uint32_t *level0;        /* per node: [n, nbr * m0] */
+    uint8_t *levels;         /* top level of each node */
+    uint32_t **upper;        /* per node with level > 0: level * [n, nbr * m] */
+    uint8_t *locks;          /* per-node spin locks, build only */
+    int owns;                /* arrays are heap-owned (not mapped) */
+    uint32_t entry;
+    int max_level;
+    pthread_mutex_t entry_lock;
+};
+
+static inline uint32_t *kd_graph_list(const struct kd_graph *g, uint32_t node, int level)
+{
+    if (level == 0)
+        return g->level0 + (size_t)node * (1 + g->m0);
+    return g->upper[node] + (size_t)(level - 1) * (1 + g->m);
+}
+
+/* Batch distance from the current query to rows[0..n). */
+typedef void (*kd_batch_dist_fn)(void *ctx, const uint32_t *rows, size_t n, float *out);
+
+struct kd_heap_item {
+    float dist;
+    uint32_t row;
+};
+
+/* Per-thread search scratch. */
+struct kd_visited {
+    uint16_t *tags;
+    uint64_t cap;
+    uint16_t now;
+};
+
+struct kd_search_scratch {
+    struct kd_visited visited;
+    struct kd_heap_item *cand, *res;
+    size_t heap_cap;
+    uint32_t *rows;
+    float *dists;
+    uint32_t *list;          /* copy of one neighbour list */
+};
+
+int kd_scratch_reserve(struct kd_search_scratch *s, uint64_t nodes, size_t ef, uint32_t m0);
+void kd_scratch_free(struct kd_search_scratch *s);
+
+/* Accept a node into results (live, allowed by a filter); NULL accepts all. */
+typedef int (*kd_accept_fn)(const void *ctx, uint32_t row);
+
+/* Greedy descent from the entry to level 1, then a beam of width ef on level
+ * 0. Results (ascending by distance) are left in s->res; returns how many. */
+size_t kd_graph_search(const struct kd_graph *g, struct kd_search_scratch *s, size_t ef,
+                       kd_batch_dist_fn dist, void *dctx, kd_accept_fn accept,
+                       const void *actx);
+
+int kd_graph_init(struct kd_graph *g, uint32_t m);
+void kd_graph_free(struct kd_graph *g);
+/* Grow heap-owned arrays to hold cap nodes. */
+int kd_graph_reserve(struct kd_graph *g, uint64_t cap);
+int kd_graph_level_for(uint64_t seed, uint64_t row, uint32_t m);
+/* Give nodes [first, last) their levels and empty lists. */
+int kd_graph_prepare(struct kd_graph *g, uint64_t first, uint64_t last, uint64_t seed);
+
+/* Pairwise exact distance between stored nodes, and batch distance from a
+ * stored node to others: what insertion needs. */
+struct kd_build_oracle {
+    float (*pair)(void *ctx, uint32_t a, uint32_t b);
+    void (*from)(void *ctx, uint32_t a, const uint32_t *rows, size_t n, float *out);
+    void *ctx;
+};
+
+/* Insert nodes [first, last), whose levels and upper lists kd_graph_prepare
+ * has set, using `threads` workers. */
+int kd_graph_insert_range(struct kd_graph *g, uint64_t first, uint64_t last,
+                          uint32_t ef_construction, const struct kd_build_oracle *o,
+                          unsigned threads);
+
+#endif

@@ -1,0 +1,107 @@
+/* index.h — the index object and its two-phase search pipeline:
+ *
+ *   query -> rotate + 4-bit encode -> HNSW beam over 1-bit codes (RAM)
+ *         -> shortlist of ceil(k * oversample) rows
+ *         -> one batch read of their float32 records (RAM, or SSD via vecio)
+ *         -> exact rescoring -> top k.
+ *
+ * An index lives in memory (built by add, or loaded) or is opened from a file
+ * with its graph, codes and ids mapped and its vectors left on disk. Searches
+ * share a read lock; add and remove take it exclusively. */
+#ifndef KD_INDEX_H
+#define KD_INDEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quant.h"
+#include "storage.h"
+#include "vecio.h"
+
+enum kd_quantization { KD_Q_1BIT = 1 };
+
+struct kd_index_params {
+    uint32_t dim;
+    int metric;             /* enum kd_metric */
+    uint32_t m;
+    uint32_t ef_construction;
+    int quantization;       /* enum kd_quantization */
+    uint64_t seed;
+};
+
+struct kd_open_params {
+    int direct_io;
+    int io_backend;         /* enum kd_io_backend */
+    unsigned io_depth;
+    unsigned preload;       /* bit set of 1 << enum kd_section_id */
+};
+
+struct kd_search_params {
+    size_t k;
+    size_t ef;              /* 0: default */
+    double oversample;      /* <= 0: default */
+    int rerank;
+    int exact;
+    unsigned threads;       /* 0: all cores */
+    const int64_t *filter;  /* allowed ids, or NULL */
+    size_t nfilter;
+};
+
+struct kd_stats {
+    uint64_t queries, read_ops, read_bytes, rerank_vectors;
+    uint64_t io_wait_ns, graph_ns, rerank_ns, exact_queries;
+};
+
+struct kd_info {
+    struct kd_index_params params;
+    uint64_t count;         /* live vectors */
+    uint64_t slots;         /* stored vectors, removed ones included */
+    int on_disk;
+    int loaded_from_file;
+    const char *path;
+    uint32_t record_size;   /* bytes per vector record in the file */
+    uint32_t code_size;
+    uint64_t resident_bytes;
+    struct kd_vecio_info io; /* valid when on_disk */
+    double default_oversample;
+    size_t default_ef;
+};
+
+struct kd_index;
+
+int kd_index_create(struct kd_index **out, const struct kd_index_params *p);
+void kd_index_free(struct kd_index *ix);
+
+/* Fit the quantizer's centre to a sample; later adds are encoded against it.
+ * Without it, the first add fits the centre to its own vectors. */
+int kd_index_train(struct kd_index *ix, const float *x, size_t n);
+/* Add n vectors; ids NULL means slot numbers. All or nothing. */
+int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *ids,
+                 unsigned threads);
+/* Tombstone ids; all must exist (else -ESRCH and nothing changes). */
+int kd_index_remove(struct kd_index *ix, const int64_t *ids, size_t n);
+
+/* dist: nq*k scores, ids: nq*k ids, best first, missing = -1 / +-inf. */
+int kd_index_search(struct kd_index *ix, const float *q, size_t nq,
+                    const struct kd_search_params *sp, float *dist, int64_t *ids);
+
+/* Row i of the result lands at dst + i*dst_stride (bytes). */
+int kd_index_get_vectors(struct kd_index *ix, const int64_t *ids, size_t n, void *dst,
+                         size_t dst_stride);
+/* Alignment and row stride get_vectors prefers for zero-copy reads. */
+void kd_index_vector_layout(const struct kd_index *ix, size_t *alignment, size_t *stride);
+
+int kd_index_save(struct kd_index *ix, struct kd_writer *w);
+int kd_index_save_path(struct kd_index *ix, const char *path);
+int kd_index_load(struct kd_index **out, const uint8_t *data, size_t size);
+int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_params *op);
+/* Check every checksum, vectors included. */
+int kd_index_verify(struct kd_index *ix);
+
+void kd_index_info(struct kd_index *ix, struct kd_info *info);
+void kd_index_stats(struct kd_index *ix, struct kd_stats *st, int reset);
+uint64_t kd_index_count(struct kd_index *ix);
+
+double kd_default_oversample(int quantization, uint32_t dim);
+
+#endif

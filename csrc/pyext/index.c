@@ -1,0 +1,524 @@
+/* The knndirect._core.Index type. */
+#include "pyext.h"
+#include "common.h"
+#include "format.h"
+
+#include <string.h>
+
+/* ---- guarding the core index against close() */
+
+static struct kd_index *enter(KdIndexObject *self)
+{
+    if (self->ix) {
+        pthread_rwlock_rdlock(&self->use);
+        if (self->ix)
+            return self->ix;
+        pthread_rwlock_unlock(&self->use);
+    }
+    PyErr_SetString(PyExc_ValueError, "index is closed");
+    return NULL;
+}
+
+static void leave(KdIndexObject *self) { pthread_rwlock_unlock(&self->use); }
+
+/* ---- buffers */
+
+static int is_format(const Py_buffer *v, const char *codes, Py_ssize_t itemsize)
+{
+    const char *f = v->format ? v->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+    return v->itemsize == itemsize && f[0] && !f[1] && strchr(codes, f[0]);
+}
+
+/* A C-contiguous float32 matrix with `dim` columns. */
+static int take_matrix(PyObject *obj, Py_buffer *v, uint32_t dim, size_t *rows)
+{
+    if (PyObject_GetBuffer(obj, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
+        return -1;
+    if (!is_format(v, "f", 4) || v->ndim != 2) {
+        PyErr_SetString(PyExc_TypeError, "expected a C-contiguous float32 matrix");
+        goto fail;
+    }
+    if (v->shape[1] != (Py_ssize_t)dim) {
+        PyErr_Format(PyExc_ValueError, "expected vectors of dim %u, got dim %zd", dim, v->shape[1]);
+        goto fail;
+    }
+    *rows = (size_t)v->shape[0];
+    return 0;
+fail:
+    PyBuffer_Release(v);
+    return -1;
+}
+
+/* A contiguous int64 vector, or None (data NULL). */
+static int take_ids(PyObject *obj, Py_buffer *v, const int64_t **data, size_t *n)
+{
+    memset(v, 0, sizeof *v);
+    *data = NULL;
+    *n = 0;
+    if (obj == Py_None)
+        return 0;
+    if (PyObject_GetBuffer(obj, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
+        return -1;
+    if (!is_format(v, "qlL", 8) || v->ndim != 1) {
+        PyErr_SetString(PyExc_TypeError, "expected a contiguous int64 vector of ids");
+        PyBuffer_Release(v);
+        return -1;
+    }
+    *data = v->buf;
+    *n = (size_t)v->shape[0];
+    return 0;
+}
+
+static void release(Py_buffer *v)
+{
+    if (v->obj)
+        PyBuffer_Release(v);
+}
+
+/* ---- type */
+
+PyObject *kd_index_wrap(struct kd_index *ix)
+{
+    KdIndexObject *self = PyObject_New(KdIndexObject, &KdIndexType);
+    if (!self) {
+        kd_index_free(ix);
+        return NULL;
+    }
+    self->ix = ix;
+    pthread_rwlock_init(&self->use, NULL);
+    return (PyObject *)self;
+}
+
+static PyObject *Index_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"dim", "metric", "m", "ef_construction", "quantization", "seed", NULL};
+    unsigned int dim, m = 16, efc = 200;
+    int metric = KD_L2, quant = KD_Q_1BIT;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Ii|IIiK", names, &dim, &metric, &m, &efc,
+                                     &quant, &seed))
+        return NULL;
+    struct kd_index_params p = {dim, metric, m, efc, quant, seed};
+    struct kd_index *ix;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = kd_index_create(&ix, &p);
+    Py_END_ALLOW_THREADS
+    if (err)
+        return kd_raise(err);
+    return kd_index_wrap(ix);
+}
+
+static void Index_dealloc(KdIndexObject *self)
+{
+    kd_index_free(self->ix);
+    pthread_rwlock_destroy(&self->use);
+    PyObject_Free(self);
+}
+
+static PyObject *Index_close(KdIndexObject *self, PyObject *unused)
+{
+    struct kd_index *ix;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_wrlock(&self->use);
+    ix = self->ix;
+    self->ix = NULL;
+    pthread_rwlock_unlock(&self->use);
+    kd_index_free(ix);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *Index_closed(KdIndexObject *self, void *unused)
+{
+    return PyBool_FromLong(self->ix == NULL);
+}
+
+static PyObject *Index_train(KdIndexObject *self, PyObject *arg)
+{
+    struct kd_index *ix = enter(self);
+    if (!ix)
+        return NULL;
+    struct kd_info info;
+    kd_index_info(ix, &info);
+    Py_buffer v;
+    size_t n;
+    int err = 0;
+    if (take_matrix(arg, &v, info.params.dim, &n)) {
+        leave(self);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    err = kd_index_train(ix, v.buf, n);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&v);
+    leave(self);
+    return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
+}
+
+static PyObject *Index_add(KdIndexObject *self, PyObject *args)
+{
+    PyObject *xo, *ido;
+    unsigned int threads = 0;
+    if (!PyArg_ParseTuple(args, "OO|I", &xo, &ido, &threads))
+        return NULL;
+    struct kd_index *ix = enter(self);
+    if (!ix)
+        return NULL;
+    struct kd_info info;
+    kd_index_info(ix, &info);
+    Py_buffer xv, iv = {0};
+    size_t n, nids;
+    const int64_t *ids;
+    int err = 0;
+    if (take_matrix(xo, &xv, info.params.dim, &n)) {
+        leave(self);
+        return NULL;
+    }
+    if (take_ids(ido, &iv, &ids, &nids)) {
+        PyBuffer_Release(&xv);
+        leave(self);
+        return NULL;
+    }
+    if (ids && nids != n) {
+        PyErr_Format(PyExc_ValueError, "got %zu ids for %zu vectors", nids, n);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        err = kd_index_add(ix, xv.buf, n, ids, threads);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&xv);
+    release(&iv);
+    leave(self);
+    if (PyErr_Occurred())
+        return NULL;
+    return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
+}
+
+static PyObject *Index_remove(KdIndexObject *self, PyObject *arg)
+{
+    struct kd_index *ix = enter(self);
+    if (!ix)
+        return NULL;
+    Py_buffer iv;
+    const int64_t *ids;
+    size_t n;
+    int err;
+    if (take_ids(arg, &iv, &ids, &n)) {
+        leave(self);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    err = kd_index_remove(ix, ids, n);
+    Py_END_ALLOW_THREADS
+    release(&iv);
+    leave(self);
+    return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
+}
+
+static PyObject *Index_search(KdIndexObject *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"queries", "k", "ef", "oversample", "rerank", "exact",
+                            "threads", "filter", NULL};
+    PyObject *qo, *fo = Py_None;
+    Py_ssize_t k, ef = 0;
+    double oversample = 0;
+    int rerank = 1, exact = 0;
+    unsigned int threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|ndppIO", names, &qo, &k, &ef, &oversample,
+                                     &rerank, &exact, &threads, &fo))
+        return NULL;
+    if (k <= 0 || ef < 0) {
+        PyErr_SetString(PyExc_ValueError, k <= 0 ? "k must be at least 1" : "ef must be >= 0");
+        return NULL;
+    }
+    struct kd_index *ix = enter(self);
+    if (!ix)
+        return NULL;
+    struct kd_info info;
+    kd_index_info(ix, &info);
+    Py_buffer qv, fv;
+    size_t nq, nf;
+    const int64_t *filter;
+    PyObject *dist = NULL, *ids_out = NULL;
+    int err = 0;
+    if (take_matrix(qo, &qv, info.params.dim, &nq)) {
+        leave(self);
+        return NULL;
+    }
+    if (take_ids(fo, &fv, &filter, &nf))
+        goto out;
+    npy_intp dims[2] = {(npy_intp)nq, (npy_intp)k};
+    dist = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    ids_out = PyArray_SimpleNew(2, dims, NPY_INT64);
+    if (!dist || !ids_out)
+        goto out;
+    struct kd_search_params sp = {(size_t)k, (size_t)ef, oversample, rerank, exact, threads,
+                                  filter, nf};
+    /* A filter that is given but empty still filters (to nothing). */
+    static const int64_t none[1] = {0};
+    if (fo != Py_None && !filter)
+        sp.filter = none;
+    Py_BEGIN_ALLOW_THREADS
+    err = kd_index_search(ix, qv.buf, nq, &sp, PyArray_DATA((PyArrayObject *)dist),
+                          PyArray_DATA((PyArrayObject *)ids_out));
+    Py_END_ALLOW_THREADS
+out:
+    PyBuffer_Release(&qv);
+    release(&fv);
+    leave(self);
+    if (err)
+        kd_raise(err);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(dist);
+        Py_XDECREF(ids_out);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", dist, ids_out);
+}
+
+static PyObject *Index_get_vectors(KdIndexObject *self, PyObject *arg)
+{
+    struct kd_index *ix = enter(self);
+    if (!ix)
+        return NULL;
+    struct kd_info info;
+    kd_index_info(ix, &info);
+    Py_buffer iv;
+    const int64_t *ids;
+    size_t n, align, stride;
+    PyObject *raw = NULL, *out = NULL;
+    int err = 0;
+    if (take_ids(arg, &iv, &ids, &n)) {
+        leave(self);
+        return NULL;
+    }
+    kd_index_vector_layout(ix, &align, &stride);
+    /* NumPy owns the bytes; the result is an aligned row-strided float32 view
+     * of them, so records land with no copy. */
+    npy_intp rawlen = (npy_intp)(n * stride + align);
+    raw = PyArray_SimpleNew(1, &rawlen, NPY_UINT8);
+    if (!raw)
+        goto out;
+    char *base = PyArray_DATA((PyArrayObject *)raw);
+    size_t skip = (size_t)((align - (uintptr_t)base % align) % align);
+    npy_intp dims[2] = {(npy_intp)n, (npy_intp)info.params.dim};
+    npy_intp strides[2] = {(npy_intp)stride, 4};
+    PyArray_Descr *descr = PyArray_DescrFromType(NPY_FLOAT32);
+    out = PyArray_NewFromDescr(&PyArray_Type, descr, 2, dims, strides, base + skip,
+                               NPY_ARRAY_WRITEABLE | NPY_ARRAY_ALIGNED, NULL);
+    if (!out)
+        goto out;
+    Py_INCREF(raw);
+    if (PyArray_SetBaseObject((PyArrayObject *)out, raw) != 0)
+        goto out;
+    Py_BEGIN_ALLOW_THREADS
+    err = kd_index_get_vectors(ix, ids, n, base + skip, stride);
+    Py_END_ALLOW_THREADS
+out:
+    Py_XDECREF(raw);
+    release(&iv);
+    leave(self);
+    if (err)
+        kd_raise(err);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+static PyObject *Index_save_path(KdIndexObject *self, PyObject *arg)
+{
+    PyObject *bytes;
+    if (!PyUnicode_FSConverter(arg, &bytes))
+        return NULL;
+    struct kd_index *ix = enter(self);
+    int err = 0;
+    if (ix) {
+        const char *path = PyBytes_AS_STRING(bytes);
+        Py_BEGIN_ALLOW_THREADS
+        err = kd_index_save_path(ix, path);
+        Py_END_ALLOW_THREADS
+        leave(self);
+    }
+    Py_DECREF(bytes);
+    if (!ix)
+        return NULL;
+    return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
+}
+
+static PyObject *Index_save_file(KdIndexObject *self, PyObject *file)
+{
+    struct kd_index *ix = enter(self);
+    if (!ix)
+        return NULL;
+    struct kd_writer w;
+    struct kd_pywriter pw;
+    int err;
+    kd_pywriter_init(&w, &pw, file);
+    Py_BEGIN_ALLOW_THREADS
+    err = kd_index_save(ix, &w);
+    Py_END_ALLOW_THREADS
+    leave(self);
+    if (kd_pywriter_finish(&pw))
+        return NULL;
+    return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
+}
+
+static PyObject *Index_to_bytes(KdIndexObject *self, PyObject *unused)
+{
+    struct kd_index *ix = enter(self);
+    if (!ix)
+        return NULL;
+    struct kd_writer w;
+    struct kd_mem_writer mw;
+    int err;
+    kd_mem_writer_init(&w, &mw);
+    Py_BEGIN_ALLOW_THREADS
+    err = kd_index_save(ix, &w);
+    Py_END_ALLOW_THREADS
+    leave(self);
+    PyObject *r = err ? kd_raise(err)
+                      : PyBytes_FromStringAndSize((const char *)mw.data, (Py_ssize_t)mw.size);
+    free(mw.data);
+    return r;
+}
+
+static PyObject *Index_verify(KdIndexObject *self, PyObject *unused)
+{
+    struct kd_index *ix = enter(self);
+    if (!ix)
+        return NULL;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = kd_index_verify(ix);
+    Py_END_ALLOW_THREADS
+    leave(self);
+    return err ? kd_raise(err) : (Py_INCREF(Py_True), Py_True);
+}
+
+#define SET(d, key, value)                                                              \
+    do {                                                                                \
+        PyObject *v_ = (value);                                                         \
+        if (!v_ || PyDict_SetItemString(d, key, v_) != 0) {                             \
+            Py_XDECREF(v_);                                                             \
+            Py_DECREF(d);                                                               \
+            return NULL;                                                                \
+        }                                                                               \
+        Py_DECREF(v_);                                                                  \
+    } while (0)
+
+static PyObject *Index_info(KdIndexObject *self, PyObject *unused)
+{
+    struct kd_index *ix = enter(self);
+    if (!ix)
+        return NULL;
+    struct kd_info in;
+    kd_index_info(ix, &in);
+    leave(self);
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    static const char *metrics[] = {"l2", "ip", "cosine"};
+    SET(d, "dim", PyLong_FromUnsignedLong(in.params.dim));
+    SET(d, "metric", PyUnicode_FromString(metrics[in.params.metric]));
+    SET(d, "count", PyLong_FromUnsignedLongLong(in.count));
+    SET(d, "slots", PyLong_FromUnsignedLongLong(in.slots));
+    SET(d, "quantization", PyUnicode_FromString("1bit"));
+    SET(d, "m", PyLong_FromUnsignedLong(in.params.m));
+    SET(d, "ef_construction", PyLong_FromUnsignedLong(in.params.ef_construction));
+    SET(d, "seed", PyLong_FromUnsignedLongLong(in.params.seed));
+    SET(d, "path", in.path ? PyUnicode_DecodeFSDefault(in.path) : (Py_INCREF(Py_None), Py_None));
+    SET(d, "storage", PyUnicode_FromString(in.on_disk ? "disk" : "memory"));
+    SET(d, "io_backend", PyUnicode_FromString(in.on_disk ? kd_io_backend_name(in.io.backend)
+                                                         : "memory"));
+    SET(d, "direct_io", PyBool_FromLong(in.on_disk && in.io.direct_io));
+    SET(d, "record_size", PyLong_FromUnsignedLong(in.record_size));
+    SET(d, "code_size", PyLong_FromUnsignedLong(in.code_size));
+    SET(d, "alignment", PyLong_FromUnsignedLong(in.on_disk ? in.io.alignment : KD_BLOCK));
+    SET(d, "resident_bytes", PyLong_FromUnsignedLongLong(in.resident_bytes));
+    SET(d, "default_oversample", PyFloat_FromDouble(in.default_oversample));
+    SET(d, "default_ef", PyLong_FromSize_t(in.default_ef));
+    PyObject *fb = PyList_New(0);
+    if (fb && in.on_disk && (in.io.fallbacks & KD_FALLBACK_NO_DIRECT))
+        PyList_Append(fb, PyUnicode_FromString("no_direct_io"));
+    if (fb && in.on_disk && (in.io.fallbacks & KD_FALLBACK_NO_URING))
+        PyList_Append(fb, PyUnicode_FromString("no_io_uring"));
+    SET(d, "fallbacks", fb);
+    return d;
+}
+
+static PyObject *Index_stats(KdIndexObject *self, PyObject *args)
+{
+    int reset = 0;
+    if (!PyArg_ParseTuple(args, "|p", &reset))
+        return NULL;
+    struct kd_index *ix = enter(self);
+    if (!ix)
+        return NULL;
+    struct kd_stats s;
+    kd_index_stats(ix, &s, reset);
+    leave(self);
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    SET(d, "queries", PyLong_FromUnsignedLongLong(s.queries));
+    SET(d, "exact_queries", PyLong_FromUnsignedLongLong(s.exact_queries));
+    SET(d, "read_ops", PyLong_FromUnsignedLongLong(s.read_ops));
+    SET(d, "read_bytes", PyLong_FromUnsignedLongLong(s.read_bytes));
+    SET(d, "rerank_vectors", PyLong_FromUnsignedLongLong(s.rerank_vectors));
+    SET(d, "io_wait_seconds", PyFloat_FromDouble((double)s.io_wait_ns * 1e-9));
+    SET(d, "graph_seconds", PyFloat_FromDouble((double)s.graph_ns * 1e-9));
+    SET(d, "rerank_seconds", PyFloat_FromDouble((double)s.rerank_ns * 1e-9));
+    return d;
+}
+
+static Py_ssize_t Index_len(KdIndexObject *self)
+{
+    struct kd_index *ix = enter(self);
+    if (!ix)
+        return -1;
+    Py_ssize_t n = (Py_ssize_t)kd_index_count(ix);
+    leave(self);
+    return n;
+}
+
+static PyMethodDef Index_methods[] = {
+    {"train", (PyCFunction)Index_train, METH_O, "Fit the quantizer's centre to a sample."},
+    {"add", (PyCFunction)Index_add, METH_VARARGS, "add(x, ids, threads=0)"},
+    {"remove", (PyCFunction)Index_remove, METH_O, "remove(ids)"},
+    {"search", (PyCFunction)(void (*)(void))Index_search, METH_VARARGS | METH_KEYWORDS,
+     "search(queries, k, ef=0, oversample=0, rerank=True, exact=False, threads=0, filter=None)"},
+    {"get_vectors", (PyCFunction)Index_get_vectors, METH_O, "get_vectors(ids)"},
+    {"save_path", (PyCFunction)Index_save_path, METH_O, "Atomic save to a path."},
+    {"save_file", (PyCFunction)Index_save_file, METH_O, "Save through a binary file object."},
+    {"to_bytes", (PyCFunction)Index_to_bytes, METH_NOARGS, "Serialize to bytes."},
+    {"verify", (PyCFunction)Index_verify, METH_NOARGS, "Check every checksum."},
+    {"info", (PyCFunction)Index_info, METH_NOARGS, "Dict describing the index."},
+    {"stats", (PyCFunction)Index_stats, METH_VARARGS, "stats(reset=False)"},
+    {"close", (PyCFunction)Index_close, METH_NOARGS, "Free the index."},
+    {NULL},
+};
+
+static PyGetSetDef Index_getset[] = {
+    {"closed", (getter)Index_closed, NULL, "True once close() ran", NULL},
+    {NULL},
+};
+
+static PySequenceMethods Index_as_sequence = {.sq_length = (lenfunc)Index_len};
+
+PyTypeObject KdIndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "knndirect._core.Index",
+    .tp_basicsize = sizeof(KdIndexObject),
+    .tp_dealloc = (destructor)Index_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Core index (use knndirect.Index).",
+    .tp_methods = Index_methods,
+    .tp_getset = Index_getset,
+    .tp_as_sequence = &Index_as_sequence,
+    .tp_new = Index_new,
+};

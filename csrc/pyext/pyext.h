@@ -1,0 +1,48 @@
+/* pyext.h — internal header of the CPython binding. The binding parses
+ * arguments, takes buffers and allocates NumPy outputs with the GIL held,
+ * runs the C core with the GIL released, and raises only afterwards. */
+#ifndef KD_PYEXT_H
+#define KD_PYEXT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define PY_ARRAY_UNIQUE_SYMBOL kd_ARRAY_API
+#ifndef KD_PYEXT_MODULE
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+
+#include <pthread.h>
+
+#include "index.h"
+#include "storage.h"
+
+/* The Python-visible index: owns one core index. `use` lets close() wait for
+ * calls that are running with the GIL released. */
+typedef struct {
+    PyObject_HEAD
+    struct kd_index *ix;
+    pthread_rwlock_t use;
+} KdIndexObject;
+
+extern PyTypeObject KdIndexType;
+
+/* Wrap a core index in a new Python object (steals ix). */
+PyObject *kd_index_wrap(struct kd_index *ix);
+
+/* Turn a negative errno from the core into the matching Python exception. */
+PyObject *kd_raise(int err);
+
+/* A writer whose sink is a Python binary file-like object. It takes the GIL
+ * for each chunk; a Python exception raised by write() is kept and restored
+ * by kd_pywriter_finish. */
+struct kd_pywriter {
+    PyObject *file;
+    PyObject *exc_type, *exc_value, *exc_tb;
+};
+void kd_pywriter_init(struct kd_writer *w, struct kd_pywriter *ctx, PyObject *file);
+/* With the GIL held: restore a pending exception; returns 1 if there was one. */
+int kd_pywriter_finish(struct kd_pywriter *ctx);
+
+#endif

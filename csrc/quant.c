@@ -1,0 +1,362 @@
+#include "quant.h"
+#include "common.h"
+#include "distance.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+uint32_t kd_quant_padded_dim(uint32_t dim) { return (uint32_t)kd_round_up(dim, 64); }
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+size_t kd_quant_signs_bytes(const struct kd_quant *q)
+{
+    return (size_t)KD_ROT_ROUNDS * 2 * q->pdim;
+}
+
+static void rotate(const struct kd_quant *q, float *x);
+
+/* Recompute what follows from the centres: norms, their mean, P(c-g). */
+static void derive(struct kd_quant *q)
+{
+    uint32_t d = q->dim, C = q->ncentres;
+    for (uint32_t i = 0; i < d; i++) {
+        double s = 0;
+        for (uint32_t j = 0; j < C; j++)
+            s += q->centres[(size_t)j * d + i];
+        q->mean[i] = (float)(s / C);
+    }
+    for (uint32_t j = 0; j < C; j++) {
+        const float *c = q->centres + (size_t)j * d;
+        float *r = q->rot_centres + (size_t)j * q->pdim;
+        q->centres_sq[j] = kd_kernels()->dot(c, c, d);
+        for (uint32_t i = 0; i < q->pdim; i++)
+            r[i] = i < d ? c[i] - q->mean[i] : 0.0f;
+        rotate(q, r);
+    }
+}
+
+static int alloc_centres(struct kd_quant *q, uint32_t C)
+{
+    free(q->centres);
+    free(q->centres_sq);
+    free(q->rot_centres);
+    q->ncentres = C;
+    q->centres = calloc((size_t)C * q->dim, sizeof(float));
+    q->centres_sq = calloc(C, sizeof(float));
+    q->rot_centres = calloc((size_t)C * q->pdim, sizeof(float));
+    if (!q->centres || !q->centres_sq || !q->rot_centres)
+        return kd_fail(-ENOMEM, "out of memory for the quantizer");
+    return 0;
+}
+
+int kd_quant_init(struct kd_quant *q, uint32_t dim, int metric, uint32_t ncentres,
+                  const float *centres, const uint8_t *signs, uint64_t seed)
+{
+    memset(q, 0, sizeof *q);
+    q->dim = dim;
+    q->pdim = kd_quant_padded_dim(dim);
+    q->code_size = q->pdim / 8 + (uint32_t)sizeof(struct kd_code_tail);
+    q->metric = metric;
+    q->mean = calloc(dim, sizeof(float));
+    q->signs = malloc(kd_quant_signs_bytes(q));
+    if (ncentres < 1 || ncentres > KD_MAX_CENTRES)
+        return kd_fail(-EINVAL, "bad number of quantizer centres %u", ncentres);
+    if (!q->mean || !q->signs || alloc_centres(q, ncentres)) {
+        kd_quant_free(q);
+        return kd_fail(-ENOMEM, "out of memory for the quantizer");
+    }
+    if (centres)
+        memcpy(q->centres, centres, (size_t)ncentres * dim * sizeof(float));
+    if (signs) {
+        memcpy(q->signs, signs, kd_quant_signs_bytes(q));
+    } else {
+        uint64_t s = seed ^ 0x6b6e6e6469726563ull;
+        for (size_t i = 0; i < kd_quant_signs_bytes(q); i++)
+            q->signs[i] = (uint8_t)(splitmix64(&s) >> 63);
+    }
+    derive(q);
+    return 0;
+}
+
+static uint32_t nearest_centre(const struct kd_quant *q, const float *x)
+{
+    uint32_t best = 0;
+    float bd = INFINITY;
+    for (uint32_t j = 0; j < q->ncentres; j++) {
+        float d = kd_kernels()->l2sq(x, q->centres + (size_t)j * q->dim, q->dim);
+        if (d < bd) {
+            bd = d;
+            best = j;
+        }
+    }
+    return best;
+}
+
+int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed)
+{
+    if (n == 0)
+        return 0;
+    uint32_t d = q->dim;
+    uint32_t C = (uint32_t)(n / 256);
+    C = C < 1 ? 1 : (C > KD_MAX_CENTRES ? KD_MAX_CENTRES : C);
+    size_t sample = n < (size_t)C * 256 ? n : (size_t)C * 256;
+    size_t step = n / sample;
+    double *sum = calloc((size_t)C * d, sizeof(double));
+    size_t *members = calloc(C, sizeof(size_t));
+    int err = alloc_centres(q, C);
+    if (!err && (!sum || !members))
+        err = kd_fail(-ENOMEM, "out of memory training the quantizer");
+    if (err)
+        goto out;
+    uint64_t s = seed ^ 0x63656e7472657321ull;
+    for (uint32_t j = 0; j < C; j++)
+        memcpy(q->centres + (size_t)j * d, x + (size_t)(splitmix64(&s) % n) * d, d * sizeof(float));
+    for (int iter = 0; iter < 12; iter++) {
+        memset(sum, 0, (size_t)C * d * sizeof(double));
+        memset(members, 0, C * sizeof(size_t));
+        for (size_t i = 0; i < sample; i++) {
+            const float *v = x + i * step * d;
+            uint32_t j = nearest_centre(q, v);
+            members[j]++;
+            for (uint32_t t = 0; t < d; t++)
+                sum[(size_t)j * d + t] += v[t];
+        }
+        for (uint32_t j = 0; j < C; j++) {
+            float *c = q->centres + (size_t)j * d;
+            if (members[j] == 0) {
+                /* Re-seed an empty cluster on a random point. */
+                memcpy(c, x + (size_t)(splitmix64(&s) % n) * d, d * sizeof(float));
+                continue;
+            }
+            for (uint32_t t = 0; t < d; t++)
+                c[t] = (float)(sum[(size_t)j * d + t] / (double)members[j]);
+        }
+    }
+    derive(q);
+out:
+    free(sum);
+    free(members);
+    return err;
+}
+
+void kd_quant_free(struct kd_quant *q)
+{
+    free(q->centres);
+    free(q->centres_sq);
+    free(q->mean);
+    free(q->rot_centres);
+    free(q->signs);
+    memset(q, 0, sizeof *q);
+}
+
+/* Orthonormal Walsh-Hadamard transform of n (a power of two) floats. */
+static void fwht(float *x, uint32_t n)
+{
+    for (uint32_t h = 1; h < n; h <<= 1)
+        for (uint32_t i = 0; i < n; i += h << 1)
+            for (uint32_t j = i; j < i + h; j++) {
+                float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+    float s = 1.0f / sqrtf((float)n);
+    for (uint32_t i = 0; i < n; i++)
+        x[i] *= s;
+}
+
+static void flip(float *x, const uint8_t *signs, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (signs[i])
+            x[i] = -x[i];
+}
+
+/* Each round mixes the leading and the trailing power-of-two block, which
+ * overlap whenever pdim is not a power of two, so every dim is mixed. */
+static void rotate(const struct kd_quant *q, float *x)
+{
+    uint32_t n = q->pdim, l = 1;
+    while (l * 2 <= n)
+        l *= 2;
+    const uint8_t *s = q->signs;
+    for (int r = 0; r < KD_ROT_ROUNDS; r++) {
+        flip(x, s, n);
+        s += n;
+        fwht(x, l);
+        flip(x, s, n);
+        s += n;
+        fwht(x + (n - l), l);
+    }
+}
+
+void kd_quant_encode(const struct kd_quant *q, const float *x, uint8_t *code, float *work)
+{
+    struct kd_code_tail t;
+    uint32_t j = nearest_centre(q, x);
+    const float *c = q->centres + (size_t)j * q->dim;
+    float dc = 0, nn = 0;
+    for (uint32_t i = 0; i < q->dim; i++) {
+        float v = x[i] - c[i];
+        work[i] = v;
+        dc += v * c[i];
+        nn += v * v;
+    }
+    for (uint32_t i = q->dim; i < q->pdim; i++)
+        work[i] = 0;
+    rotate(q, work);
+    const float *rc = q->rot_centres + (size_t)j * q->pdim;
+    double abs_sum = 0, shift = 0;
+    uint32_t ones = 0;
+    for (uint32_t w = 0; w < q->pdim / 64; w++) {
+        uint64_t word = 0;
+        for (uint32_t b = 0; b < 64; b++) {
+            uint32_t i = w * 64 + b;
+            abs_sum += fabsf(work[i]);
+            if (work[i] > 0) {
+                word |= 1ull << b;
+                ones++;
+                shift += rc[i];
+            } else {
+                shift -= rc[i];
+            }
+        }
+        memcpy(code + w * 8, &word, 8);
+    }
+    t.scale = abs_sum > 0 ? (float)(nn / abs_sum) : 0.0f;
+    t.norm_sq = nn;
+    t.dot_c = dc;
+    t.shift = (float)shift;
+    t.ones = (uint16_t)ones;
+    t.centre = (uint16_t)j;
+    memcpy(code + q->pdim / 8, &t, sizeof t);
+}
+
+int kd_qcode_alloc(struct kd_qcode *qc, const struct kd_quant *q)
+{
+    memset(qc, 0, sizeof *qc);
+    qc->planes = calloc((size_t)KD_QUERY_BITS * q->pdim / 64, sizeof(uint64_t));
+    qc->work = malloc(q->pdim * sizeof(float));
+    qc->norm_sq = malloc(KD_MAX_CENTRES * sizeof(float));
+    qc->dot_c = malloc(KD_MAX_CENTRES * sizeof(float));
+    if (!qc->planes || !qc->work || !qc->norm_sq || !qc->dot_c) {
+        kd_qcode_free(qc);
+        return kd_fail(-ENOMEM, "out of memory for a query code");
+    }
+    return 0;
+}
+
+void kd_qcode_free(struct kd_qcode *qc)
+{
+    free(qc->planes);
+    free(qc->work);
+    free(qc->norm_sq);
+    free(qc->dot_c);
+    memset(qc, 0, sizeof *qc);
+}
+
+void kd_qcode_prepare(const struct kd_quant *q, const float *x, struct kd_qcode *qc)
+{
+    float *v = qc->work;
+    float xx = kd_kernels()->dot(x, x, q->dim);
+    for (uint32_t j = 0; j < q->ncentres; j++) {
+        float xc = kd_kernels()->dot(x, q->centres + (size_t)j * q->dim, q->dim);
+        qc->dot_c[j] = xc;
+        qc->norm_sq[j] = xx - 2 * xc + q->centres_sq[j];
+    }
+    for (uint32_t i = 0; i < q->pdim; i++)
+        v[i] = i < q->dim ? x[i] - q->mean[i] : 0.0f;
+    rotate(q, v);
+    float lo = v[0], hi = v[0];
+    for (uint32_t i = 1; i < q->pdim; i++) {
+        lo = v[i] < lo ? v[i] : lo;
+        hi = v[i] > hi ? v[i] : hi;
+    }
+    const int levels = (1 << KD_QUERY_BITS) - 1;
+    float delta = (hi - lo) / (float)levels;
+    if (!(delta > 0))
+        delta = 1.0f;
+    uint32_t words = q->pdim / 64;
+    memset(qc->planes, 0, (size_t)KD_QUERY_BITS * words * sizeof(uint64_t));
+    uint64_t level_sum = 0;
+    for (uint32_t i = 0; i < q->pdim; i++) {
+        int u = (int)lrintf((v[i] - lo) / delta);
+        u = u < 0 ? 0 : (u > levels ? levels : u);
+        level_sum += (uint64_t)u;
+        for (int b = 0; b < KD_QUERY_BITS; b++)
+            if (u >> b & 1)
+                qc->planes[(size_t)b * words + i / 64] |= 1ull << (i % 64);
+    }
+    qc->lo = lo;
+    qc->delta = delta;
+    qc->sum_q = lo * (float)q->pdim + delta * (float)level_sum;
+}
+
+/* The estimate from the weighted popcount s = sum_b 2^b |bits & plane_b|. */
+static inline float finish(const struct kd_quant *q, const struct kd_qcode *qc,
+                           const uint8_t *code, uint64_t s)
+{
+    struct kd_code_tail t;
+    memcpy(&t, code + q->pdim / 8, sizeof t);
+    float s1 = qc->lo * (float)t.ones + qc->delta * (float)s;
+    float ip = t.scale * (2.0f * s1 - qc->sum_q - t.shift);
+    if (q->metric == KD_L2)
+        return t.norm_sq + qc->norm_sq[t.centre] - 2.0f * ip;
+    return -(ip + t.dot_c + qc->dot_c[t.centre]);
+}
+
+#define ESTIMATE_BODY(POPCOUNT)                                                     \
+    uint32_t words = q->pdim / 64;                                                  \
+    for (size_t i = 0; i < n; i++) {                                                \
+        const uint8_t *code = codes + (size_t)rows[i] * q->code_size;              \
+        const uint64_t *bits = (const uint64_t *)code;                              \
+        uint64_t s = 0;                                                             \
+        for (int b = 0; b < KD_QUERY_BITS; b++) {                                   \
+            const uint64_t *p = qc->planes + (size_t)b * words;                     \
+            uint64_t c = 0;                                                         \
+            for (uint32_t w = 0; w < words; w++)                                    \
+                c += (uint64_t)POPCOUNT(bits[w] & p[w]);                            \
+            s += c << b;                                                            \
+        }                                                                           \
+        out[i] = finish(q, qc, code, s);                                            \
+    }
+
+static void estimate_scalar(const struct kd_quant *q, const struct kd_qcode *qc,
+                            const uint8_t *codes, const uint32_t *rows, size_t n, float *out)
+{
+    ESTIMATE_BODY(__builtin_popcountll)
+}
+
+#if defined(__x86_64__)
+__attribute__((target("popcnt")))
+static void estimate_popcnt(const struct kd_quant *q, const struct kd_qcode *qc,
+                            const uint8_t *codes, const uint32_t *rows, size_t n, float *out)
+{
+    ESTIMATE_BODY(__builtin_popcountll)
+}
+#endif
+
+kd_estimate_fn kd_estimator_named(const char *name)
+{
+    if (strcmp(name, "scalar") == 0)
+        return estimate_scalar;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (strcmp(name, "popcnt") == 0 && __builtin_cpu_supports("popcnt"))
+        return estimate_popcnt;
+#endif
+    return NULL;
+}
+
+kd_estimate_fn kd_estimator(void)
+{
+    kd_estimate_fn f = kd_estimator_named("popcnt");
+    return f ? f : estimate_scalar;
+}

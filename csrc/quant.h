@@ -1,0 +1,88 @@
+/* quant.h — 1-bit codes with per-vector corrections (RaBitQ family).
+ *
+ * Vectors are assigned to the nearest of a few k-means centres c (one centre
+ * leaves |o-c| large on clustered data and the estimates loose). o-c is padded
+ * to a multiple of 64 dims and turned by a fixed random orthogonal rotation P
+ * (rounds of random sign flips and fast Walsh-Hadamard transforms). The code
+ * is the sign bits s of P(o-c) plus corrections. A query is rotated once,
+ * relative to the mean g of the centres, and scalar-quantized to 4 bits, so
+ * <o-c, q-c> is estimated with popcounts over bit planes:
+ *
+ *   <o-c, q-c> ~= |o-c|^2 / sum|P(o-c)| * (<s, P(q-g)> - <s, P(c-g)>)
+ *
+ * where the last term is stored per vector.
+ */
+#ifndef KD_QUANT_H
+#define KD_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KD_ROT_ROUNDS 4
+#define KD_QUERY_BITS 4
+
+enum kd_metric { KD_L2 = 0, KD_IP = 1, KD_COSINE = 2 };
+
+/* Trailer of every code, after pdim/8 bytes of sign bits. */
+struct kd_code_tail {
+    float scale;      /* |o-c|^2 / sum|P(o-c)| */
+    float norm_sq;    /* |o-c|^2 */
+    float dot_c;      /* <o-c, c> */
+    float shift;      /* <s, P(c-g)> */
+    uint16_t ones;    /* number of 1 bits */
+    uint16_t centre;  /* index of c */
+};
+
+#define KD_MAX_CENTRES 64
+
+struct kd_quant {
+    uint32_t dim;         /* input dims */
+    uint32_t pdim;        /* padded dims, a multiple of 64 */
+    uint32_t code_size;   /* pdim/8 + sizeof(struct kd_code_tail) */
+    int metric;
+    uint32_t ncentres;
+    float *centres;       /* ncentres x dim */
+    float *centres_sq;    /* |c|^2 */
+    float *mean;          /* g: mean of the centres, dim */
+    float *rot_centres;   /* P(c-g), ncentres x pdim */
+    uint8_t *signs;       /* KD_ROT_ROUNDS * 2 * pdim bytes, each 0 or 1 */
+};
+
+/* Query prepared for estimates against codes. */
+struct kd_qcode {
+    uint64_t *planes;     /* KD_QUERY_BITS planes of pdim bits */
+    float lo, delta;      /* dequantized value = lo + delta * level */
+    float sum_q;          /* sum of dequantized rotated query */
+    float *norm_sq;       /* |q-c|^2 per centre */
+    float *dot_c;         /* <q, c> per centre */
+    float *work;          /* pdim floats of scratch */
+};
+
+uint32_t kd_quant_padded_dim(uint32_t dim);
+
+/* Set up a quantizer; centres NULL means one zero centre, signs NULL draws
+ * the rotation from seed. */
+int kd_quant_init(struct kd_quant *q, uint32_t dim, int metric, uint32_t ncentres,
+                  const float *centres, const uint8_t *signs, uint64_t seed);
+/* Fit the centres by k-means to x (n rows, already normalized for cosine). */
+int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed);
+void kd_quant_free(struct kd_quant *q);
+size_t kd_quant_signs_bytes(const struct kd_quant *q);
+
+/* Encode one vector (already normalized for cosine); work holds pdim floats. */
+void kd_quant_encode(const struct kd_quant *q, const float *x, uint8_t *code, float *work);
+
+int kd_qcode_alloc(struct kd_qcode *qc, const struct kd_quant *q);
+void kd_qcode_free(struct kd_qcode *qc);
+/* Prepare a query (already normalized for cosine). */
+void kd_qcode_prepare(const struct kd_quant *q, const float *x, struct kd_qcode *qc);
+
+/* Estimated distance (smaller is better: l2 -> squared distance, ip/cosine ->
+ * minus the inner product) of each code rows[i] in codes. */
+typedef void (*kd_estimate_fn)(const struct kd_quant *q, const struct kd_qcode *qc,
+                               const uint8_t *codes, const uint32_t *rows, size_t n,
+                               float *out);
+kd_estimate_fn kd_estimator(void);
+kd_estimate_fn kd_estimator_named(const char *name);   /* "scalar" or "popcnt" */
+
+#endif

@@ -1,0 +1,1229 @@
+/* vecio.c — batch reads of fixed-stride vector records (see vecio.h).
+ *
+ * Every record read is described by a struct kd_req: a file range to read
+ * into a buffer, the number of leading bytes that must arrive (`need`; the
+ * rest may lie past EOF), and where to copy the record when the range was read
+ * into a bounce buffer. The backends differ only in how they issue requests:
+ * io_uring (one ring per calling thread, at most io_depth in flight), a pool
+ * of threads doing pread, or a plain pread loop. mmap copies from a mapping. */
+#ifndef _GNU_SOURCE
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#endif
+#include "vecio.h"
+#include "common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef KD_HAVE_LIBURING
+#include <liburing.h>
+#endif
+
+#ifndef STATX_DIOALIGN
+#define STATX_DIOALIGN 0x00002000U
+#endif
+
+#define KD_RANGE_CHUNK (8u << 20)   /* read_range issues reads of at most this */
+#define KD_MAX_THREADS 64
+#define KD_MAX_RING 4096
+#define KD_MIN_BUF_ALIGN 64
+
+/* One read of one record (or one chunk of a range). */
+struct kd_req {
+    uint64_t row;       /* record number, for error messages */
+    char *buf;          /* where the file range lands */
+    uint64_t off;       /* file offset of buf[0] */
+    uint32_t len;       /* bytes requested */
+    uint32_t need;      /* leading bytes that must arrive; the rest may be past EOF */
+    uint32_t done;      /* bytes already read */
+    char *copy_to;      /* non-NULL: copy the record from buf + skip to here */
+    uint32_t skip;
+};
+
+/* Per-calling-thread resources, kept on a free list on the handle. */
+struct kd_ctx {
+    struct kd_ctx *next;
+    char *bounce;
+    size_t bounce_size;
+#ifdef KD_HAVE_LIBURING
+    int ring_ok;
+    struct io_uring ring;
+    struct kd_req *slots;   /* one per read in flight */
+    unsigned *free_slots;   /* stack of unused slot numbers */
+#endif
+};
+
+/* A kd_vecio_read batch handed to the thread pool. Lives on the caller's
+ * stack; workers touch it only between claiming a chunk and completing it. */
+struct kd_batch {
+    struct kd_batch *qnext;
+    const uint64_t *rows;
+    size_t n;
+    char *dst;
+    size_t dst_stride;
+    int zc;
+    size_t chunk, nchunks, next, done;
+    int err;
+    char errmsg[KD_ERRMSG_LEN];
+    uint64_t ops, bytes;
+    pthread_cond_t cv;
+};
+
+struct kd_pool {
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;
+    struct kd_batch *head;   /* batches with unclaimed chunks */
+    int stop;
+    unsigned nthreads;
+    pthread_t *threads;
+};
+
+struct kd_vecio {
+    char *path;
+    int fd;
+    uint64_t offset, count, file_size;
+    uint32_t stride, record_bytes;
+    int backend;
+    int direct;
+    uint32_t alignment;     /* probed direct-I/O alignment, reported in info */
+    uint32_t read_align;    /* alignment reads must respect: alignment, or 1 if buffered */
+    uint32_t buf_align;     /* alignment of buffers we allocate / want from callers */
+    unsigned fallbacks;
+    unsigned io_depth;
+    unsigned ring_entries;  /* power of two >= in-flight bound */
+    unsigned inflight;      /* bound on io_uring reads in flight per call */
+    size_t max_span;        /* largest aligned span covering one record */
+
+    pthread_mutex_t ctx_mu;
+    int ctx_mu_ok;
+    struct kd_ctx *free_ctx;
+
+    char *map;              /* mmap backend */
+    size_t map_len;
+    uint64_t map_off;       /* file offset of map[0] */
+
+    struct kd_pool pool;
+    int pool_ok;
+};
+
+static uint64_t round_down(uint64_t x, uint64_t a) { return x / a * a; }
+static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+static int is_pow2(uint64_t x) { return x && !(x & (x - 1)); }
+
+/* strerror for messages, safe with many reading threads (GNU strerror_r). */
+static const char *errstr(int err)
+{
+    static _Thread_local char buf[128];
+    return strerror_r(err, buf, sizeof buf);
+}
+
+/* ------------------------------------------------------------------ */
+/* Alignment probing                                                   */
+
+/* The kernel ABI layout of struct statx up to the direct-I/O fields; ours so
+ * that the probe works whatever the installed headers know about. */
+struct kd_statx {
+    uint32_t mask, blksize;
+    uint64_t attributes;
+    uint32_t nlink, uid, gid;
+    uint16_t mode, pad1;
+    uint64_t ino, size, blocks, attributes_mask;
+    struct { int64_t sec; uint32_t nsec; int32_t pad; } atime, btime, ctime, mtime;
+    uint32_t rdev_major, rdev_minor, dev_major, dev_minor;
+    uint64_t mnt_id;
+    uint32_t dio_mem_align, dio_offset_align;
+    uint64_t spare[12];
+};
+_Static_assert(sizeof(struct kd_statx) == 256, "statx layout");
+_Static_assert(offsetof(struct kd_statx, dio_mem_align) == 0x98, "statx layout");
+
+static uint32_t sysfs_block_size(unsigned maj, unsigned min)
+{
+    static const char *fmts[] = {
+        "/sys/dev/block/%u:%u/queue/logical_block_size",
+        "/sys/dev/block/%u:%u/../queue/logical_block_size",  /* partition */
+    };
+    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
+        char p[128];
+        snprintf(p, sizeof p, fmts[i], maj, min);
+        FILE *f = fopen(p, "re");
+        if (!f)
+            continue;
+        unsigned long bs = 0;
+        int ok = fscanf(f, "%lu", &bs) == 1;
+        fclose(f);
+        if (ok && is_pow2(bs) && bs <= (1u << 20))
+            return (uint32_t)bs;
+    }
+    return 0;
+}
+
+/* Logical block size of the device holding the file, or 0 if unreachable. */
+static uint32_t device_block_size(int fd, int is_blk, unsigned maj, unsigned min)
+{
+    int bs = 0;
+    if (is_blk && ioctl(fd, BLKSSZGET, &bs) == 0 && bs > 0)
+        return (uint32_t)bs;
+    char p[64];
+    snprintf(p, sizeof p, "/dev/block/%u:%u", maj, min);
+    int dfd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (dfd >= 0) {
+        int ok = ioctl(dfd, BLKSSZGET, &bs) == 0 && bs > 0;
+        close(dfd);
+        if (ok)
+            return (uint32_t)bs;
+    }
+    return sysfs_block_size(maj, min);
+}
+
+/* Fill v->file_size and v->alignment from the open descriptor. */
+static int probe_file(struct kd_vecio *v)
+{
+    struct stat st;
+    if (fstat(v->fd, &st) != 0) {
+        int e = errno;
+        return kd_fail(-e, "cannot stat %s: %s", v->path, errstr(e));
+    }
+    if (S_ISDIR(st.st_mode))
+        return kd_fail(-EISDIR, "%s is a directory, not a vector file", v->path);
+    int is_blk = S_ISBLK(st.st_mode);
+    v->file_size = (uint64_t)st.st_size;
+    if (is_blk) {
+        uint64_t sz = 0;
+        if (ioctl(v->fd, BLKGETSIZE64, &sz) != 0) {
+            int e = errno;
+            return kd_fail(-e, "cannot get the size of block device %s: %s", v->path,
+                           errstr(e));
+        }
+        v->file_size = sz;
+    }
+    unsigned maj = major(st.st_dev), min = minor(st.st_dev);
+    if (is_blk) {
+        maj = major(st.st_rdev);
+        min = minor(st.st_rdev);
+    }
+
+    uint32_t align = 0;
+#ifdef SYS_statx
+    struct kd_statx sx;
+    memset(&sx, 0, sizeof sx);
+    if (syscall(SYS_statx, v->fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+        (sx.mask & STATX_DIOALIGN)) {
+        uint32_t a = sx.dio_mem_align > sx.dio_offset_align ? sx.dio_mem_align
+                                                            : sx.dio_offset_align;
+        if (is_pow2(a))
+            align = a;
+    }
+#endif
+    if (!align)
+        align = device_block_size(v->fd, is_blk, maj, min);
+    if (!is_pow2(align))
+        align = 4096;
+    v->alignment = align;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Requests                                                            */
+
+/* Set up the read of record `row` whose slot in the destination is `slot`.
+ * zc: read straight into the slot; else direct mode reads the aligned span
+ * into `bounce`, buffered mode reads the record into the slot. */
+static void req_init(const struct kd_vecio *v, struct kd_req *r, uint64_t row,
+                     char *slot, size_t dst_stride, int zc, char *bounce)
+{
+    uint64_t abs = v->offset + row * v->stride;
+    r->row = row;
+    r->done = 0;
+    r->copy_to = NULL;
+    r->skip = 0;
+    if (!v->direct) {
+        r->buf = slot;
+        r->off = abs;
+        r->len = r->need = v->record_bytes;
+    } else if (zc) {
+        r->buf = slot;
+        r->off = abs;
+        /* The whole stride when the slot holds it (one aligned unit per
+         * record); else the aligned cover of the payload, which fits the
+         * slot because dst_stride is an aligned size >= record_bytes. */
+        r->len = dst_stride >= v->stride
+                     ? v->stride
+                     : (uint32_t)kd_round_up(v->record_bytes, v->read_align);
+        r->need = v->record_bytes;
+    } else {
+        uint64_t start = round_down(abs, v->read_align);
+        uint64_t end = kd_round_up(abs + v->record_bytes, v->read_align);
+        r->buf = bounce;
+        r->off = start;
+        r->len = (uint32_t)(end - start);
+        r->skip = (uint32_t)(abs - start);
+        r->need = r->skip + v->record_bytes;
+        r->copy_to = slot;
+    }
+}
+
+static int req_eof(const struct kd_vecio *v, const struct kd_req *r)
+{
+    return kd_fail(-EIO, "unexpected end of file reading record %llu at offset %llu of %s "
+                   "(got %u of %u bytes; did the file shrink?)",
+                   (unsigned long long)r->row, (unsigned long long)r->off, v->path,
+                   r->done, r->need);
+}
+
+/* Account for `res` more bytes read. 1: complete, 0: read the rest, <0: error. */
+static int req_advance(const struct kd_vecio *v, struct kd_req *r, uint32_t res)
+{
+    uint32_t before = r->done;
+    r->done += res;
+    if (r->done >= r->len)
+        return 1;
+    if (res == 0 || r->off + r->done >= v->file_size)
+        return r->done >= r->need ? 1 : req_eof(v, r);
+    /* A retry under O_DIRECT must start aligned: re-read the partial block.
+     * A short unaligned read means the file ended before the size seen at
+     * open, so no progress is EOF. */
+    r->done = (uint32_t)round_down(r->done, v->read_align);
+    if (r->done <= before) {
+        r->done = before + res;
+        return r->done >= r->need ? 1 : req_eof(v, r);
+    }
+    return 0;
+}
+
+static void req_finish(const struct kd_vecio *v, const struct kd_req *r)
+{
+    if (r->copy_to)
+        memcpy(r->copy_to, r->buf + r->skip, v->record_bytes);
+}
+
+static int req_error(const struct kd_vecio *v, const struct kd_req *r, int err)
+{
+    return kd_fail(err, "read of record %llu (file offset %llu, %u bytes) from %s failed: %s",
+                   (unsigned long long)r->row, (unsigned long long)(r->off + r->done),
+                   r->len - r->done, v->path, errstr(-err));
+}
+
+/* Synchronous read of one request, retrying short reads. */
+static int req_pread(const struct kd_vecio *v, struct kd_req *r, struct kd_io_counters *c)
+{
+    for (;;) {
+        uint32_t want = r->len - r->done;
+        ssize_t got = pread(v->fd, r->buf + r->done, want, (off_t)(r->off + r->done));
+        c->read_ops++;
+        c->read_bytes += want;
+        if (got < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            return req_error(v, r, -errno);
+        }
+        int rc = req_advance(v, r, (uint32_t)got);
+        if (rc < 0)
+            return rc;
+        if (rc == 1)
+            break;
+    }
+    req_finish(v, r);
+    return 0;
+}
+
+/* pread of rows[0..n) into dst, one record at a time. */
+static int read_rows_sync(const struct kd_vecio *v, const uint64_t *rows, size_t n,
+                          char *dst, size_t dst_stride, int zc, char *bounce,
+                          struct kd_io_counters *c)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct kd_req r;
+        req_init(v, &r, rows[i], dst + i * dst_stride, dst_stride, zc, bounce);
+        int rc = req_pread(v, &r, c);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Per-thread contexts                                                 */
+
+static void ctx_destroy(struct kd_ctx *x)
+{
+    if (!x)
+        return;
+#ifdef KD_HAVE_LIBURING
+    if (x->ring_ok)
+        io_uring_queue_exit(&x->ring);
+    free(x->slots);
+    free(x->free_slots);
+#endif
+    kd_free_aligned(x->bounce);
+    free(x);
+}
+
+#ifdef KD_HAVE_LIBURING
+/* Environment switch for tests: pretend io_uring is unavailable. */
+static int uring_disabled_by_env(void)
+{
+    const char *e = getenv("KNNDIRECT_DISABLE_IO_URING");
+    return e && e[0] && strcmp(e, "0") != 0;
+}
+#endif
+
+static int ctx_new(struct kd_vecio *v, struct kd_ctx **out)
+{
+    struct kd_ctx *x = calloc(1, sizeof *x);
+    if (!x)
+        return kd_fail(-ENOMEM, "out of memory for an I/O context on %s", v->path);
+#ifdef KD_HAVE_LIBURING
+    if (v->backend == KD_IO_URING) {
+        int rc = io_uring_queue_init(v->ring_entries, &x->ring, 0);
+        if (rc < 0) {
+            free(x);
+            return kd_fail(rc, "cannot set up an io_uring of %u entries for %s: %s",
+                           v->ring_entries, v->path, errstr(-rc));
+        }
+        x->ring_ok = 1;
+        x->slots = calloc(v->inflight, sizeof *x->slots);
+        x->free_slots = calloc(v->inflight, sizeof *x->free_slots);
+        if (!x->slots || !x->free_slots) {
+            ctx_destroy(x);
+            return kd_fail(-ENOMEM, "out of memory for io_uring slots on %s", v->path);
+        }
+    }
+#endif
+    *out = x;
+    return 0;
+}
+
+static int ctx_get(struct kd_vecio *v, struct kd_ctx **out)
+{
+    pthread_mutex_lock(&v->ctx_mu);
+    struct kd_ctx *x = v->free_ctx;
+    if (x)
+        v->free_ctx = x->next;
+    pthread_mutex_unlock(&v->ctx_mu);
+    if (x) {
+        *out = x;
+        return 0;
+    }
+    return ctx_new(v, out);
+}
+
+static void ctx_put(struct kd_vecio *v, struct kd_ctx *x)
+{
+    pthread_mutex_lock(&v->ctx_mu);
+    x->next = v->free_ctx;
+    v->free_ctx = x;
+    pthread_mutex_unlock(&v->ctx_mu);
+}
+
+static int ctx_bounce(const struct kd_vecio *v, struct kd_ctx *x, size_t size)
+{
+    if (x->bounce_size >= size)
+        return 0;
+    kd_free_aligned(x->bounce);
+    x->bounce_size = 0;
+    x->bounce = kd_alloc_aligned(v->buf_align, size);
+    if (!x->bounce)
+        return kd_fail(-ENOMEM, "out of memory for a %zu-byte bounce buffer reading %s",
+                       size, v->path);
+    x->bounce_size = size;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* io_uring backend                                                    */
+
+#ifdef KD_HAVE_LIBURING
+static void uring_prep(struct io_uring *ring, const struct kd_vecio *v,
+                       struct kd_req *r, unsigned slot)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+    if (!sqe) {
+        /* Cannot happen while in-flight <= ring size; flush and retry anyway. */
+        io_uring_submit(ring);
+        sqe = io_uring_get_sqe(ring);
+    }
+    io_uring_prep_read(sqe, v->fd, r->buf + r->done, r->len - r->done, r->off + r->done);
+    io_uring_sqe_set_data(sqe, (void *)(uintptr_t)slot);   /* *_data64 needs liburing 2.2 */
+}
+
+/* Returns 0, or <0 with *broken set when the ring can no longer be trusted. */
+static int uring_read(struct kd_vecio *v, struct kd_ctx *x, const uint64_t *rows, size_t n,
+                      char *dst, size_t dst_stride, int zc, struct kd_io_counters *c,
+                      int *broken)
+{
+    struct io_uring *ring = &x->ring;
+    unsigned depth = v->inflight, nfree = depth, inflight = 0;
+    size_t next = 0;
+    int err = 0;
+
+    for (unsigned s = 0; s < depth; s++)
+        x->free_slots[s] = depth - 1 - s;
+
+    for (;;) {
+        /* Top up to `depth` reads in flight; stop issuing after an error. */
+        while (!err && next < n && nfree > 0) {
+            unsigned s = x->free_slots[--nfree];
+            struct kd_req *r = &x->slots[s];
+            char *bounce = x->bounce ? x->bounce + (size_t)s * v->max_span : NULL;
+            req_init(v, r, rows[next], dst + next * dst_stride, dst_stride, zc, bounce);
+            uring_prep(ring, v, r, s);
+            c->read_ops++;
+            c->read_bytes += r->len;
+            inflight++;
+            next++;
+        }
+        if (inflight == 0)
+            break;
+
+        int rc = io_uring_submit_and_wait(ring, 1);
+        if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+            err = kd_fail(rc, "io_uring submit failed reading %s: %s", v->path,
+                          errstr(-rc));
+            /* Wait out what the kernel took; the unsubmitted SQEs die with the ring. */
+            unsigned taken = inflight - io_uring_sq_ready(ring);
+            while (taken > 0) {
+                struct io_uring_cqe *cqe;
+                int w = io_uring_wait_cqe(ring, &cqe);
+                if (w == -EINTR || w == -EAGAIN)
+                    continue;
+                if (w < 0)
+                    break;
+                io_uring_cqe_seen(ring, cqe);
+                taken--;
+            }
+            *broken = 1;
+            return err;
+        }
+
+        unsigned head, seen = 0;
+        struct io_uring_cqe *cqe;
+        io_uring_for_each_cqe(ring, head, cqe) {
+            unsigned s = (unsigned)(uintptr_t)io_uring_cqe_get_data(cqe);
+            struct kd_req *r = &x->slots[s];
+            int res = cqe->res, st;
+            seen++;
+            if (err) {   /* draining after a failure: keep the first message */
+                x->free_slots[nfree++] = s;
+                inflight--;
+                continue;
+            }
+            if (res == -EINTR || res == -EAGAIN)
+                st = 0;
+            else if (res < 0)
+                st = req_error(v, r, res);
+            else
+                st = req_advance(v, r, (uint32_t)res);
+            if (st == 0) {
+                uring_prep(ring, v, r, s);   /* the rest of a short read */
+                c->read_ops++;
+                c->read_bytes += r->len - r->done;
+                continue;
+            }
+            if (st == 1)
+                req_finish(v, r);
+            else
+                err = st;
+            x->free_slots[nfree++] = s;
+            inflight--;
+        }
+        io_uring_cq_advance(ring, seen);
+
+        if (seen == 0 && (rc == -EAGAIN || rc == -EBUSY)) {
+            /* Kernel short of resources: wait for a completion if any read is
+             * in the kernel, else back off briefly before resubmitting. */
+            if (inflight > io_uring_sq_ready(ring)) {
+                struct io_uring_cqe *w;
+                io_uring_wait_cqe(ring, &w);
+            } else {
+                struct timespec ts = { 0, 50000 };
+                nanosleep(&ts, NULL);
+            }
+        }
+    }
+    return err;
+}
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Thread pool backend                                                 */
+
+static void batch_unlink(struct kd_pool *p, struct kd_batch *b)
+{
+    for (struct kd_batch **pp = &p->head; *pp; pp = &(*pp)->qnext) {
+        if (*pp == b) {
+            *pp = b->qnext;
+            return;
+        }
+    }
+}
+
+/* Claim the next chunk of b; pool lock held. Returns 0 if none is left. */
+static int batch_claim(struct kd_pool *p, struct kd_batch *b, size_t *chunk, int *skip)
+{
+    if (b->next >= b->nchunks)
+        return 0;
+    *chunk = b->next++;
+    *skip = b->err != 0;   /* after a failure, finish the remaining chunks unread */
+    if (b->next == b->nchunks)
+        batch_unlink(p, b);
+    return 1;
+}
+
+static void batch_run_chunk(struct kd_vecio *v, struct kd_batch *b, size_t k, int skip,
+                            char **bounce)
+{
+    struct kd_io_counters c = { 0, 0, 0 };
+    int rc = 0;
+    if (!skip) {
+        if (!b->zc && v->direct && !*bounce) {
+            *bounce = kd_alloc_aligned(v->buf_align, v->max_span);
+            if (!*bounce)
+                rc = kd_fail(-ENOMEM, "out of memory for a bounce buffer reading %s", v->path);
+        }
+        if (rc == 0) {
+            size_t i0 = k * b->chunk;
+            size_t i1 = i0 + b->chunk < b->n ? i0 + b->chunk : b->n;
+            rc = read_rows_sync(v, b->rows + i0, i1 - i0, b->dst + i0 * b->dst_stride,
+                                b->dst_stride, b->zc, *bounce, &c);
+        }
+    }
+    struct kd_pool *p = &v->pool;
+    pthread_mutex_lock(&p->mu);
+    b->ops += c.read_ops;
+    b->bytes += c.read_bytes;
+    if (rc < 0 && !b->err) {
+        b->err = rc;
+        snprintf(b->errmsg, sizeof b->errmsg, "%s", kd_last_error());
+    }
+    if (++b->done == b->nchunks)
+        pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void *pool_worker(void *arg)
+{
+    struct kd_vecio *v = arg;
+    struct kd_pool *p = &v->pool;
+    char *bounce = NULL;   /* per worker: one synchronous read at a time */
+
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->stop && !p->head)
+            pthread_cond_wait(&p->work_cv, &p->mu);
+        if (p->stop)
+            break;
+        struct kd_batch *b = p->head;
+        size_t k;
+        int skip;
+        if (!batch_claim(p, b, &k, &skip))
+            continue;
+        pthread_mutex_unlock(&p->mu);
+        batch_run_chunk(v, b, k, skip, &bounce);
+        pthread_mutex_lock(&p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
+    kd_free_aligned(bounce);
+    return NULL;
+}
+
+static int pool_start(struct kd_vecio *v, unsigned nthreads)
+{
+    struct kd_pool *p = &v->pool;
+    int rc = pthread_mutex_init(&p->mu, NULL);
+    if (rc)
+        return kd_fail(-rc, "cannot create the I/O thread pool mutex for %s", v->path);
+    rc = pthread_cond_init(&p->work_cv, NULL);
+    if (rc) {
+        pthread_mutex_destroy(&p->mu);
+        return kd_fail(-rc, "cannot create the I/O thread pool condition for %s", v->path);
+    }
+    v->pool_ok = 1;   /* from here pool_stop() cleans up */
+    p->threads = calloc(nthreads, sizeof *p->threads);
+    if (!p->threads)
+        return kd_fail(-ENOMEM, "out of memory for the I/O thread pool of %s", v->path);
+    /* Workers block all signals so that they go to the application's threads
+     * (the Python interpreter handles them on its main thread). */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    for (unsigned i = 0; i < nthreads; i++) {
+        rc = pthread_create(&p->threads[i], NULL, pool_worker, v);
+        if (rc) {
+            rc = kd_fail(-rc, "cannot start I/O thread %u of %u for %s: %s", i, nthreads,
+                         v->path, errstr(rc));
+            break;
+        }
+        p->nthreads = i + 1;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
+static void pool_stop(struct kd_vecio *v)
+{
+    struct kd_pool *p = &v->pool;
+    if (!v->pool_ok)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (unsigned i = 0; i < p->nthreads; i++)
+        pthread_join(p->threads[i], NULL);
+    free(p->threads);
+    pthread_cond_destroy(&p->work_cv);
+    pthread_mutex_destroy(&p->mu);
+    v->pool_ok = 0;
+}
+
+static int pool_read(struct kd_vecio *v, const uint64_t *rows, size_t n, char *dst,
+                     size_t dst_stride, int zc, struct kd_io_counters *c)
+{
+    struct kd_pool *p = &v->pool;
+    struct kd_ctx *x = NULL;
+    int rc = ctx_get(v, &x);   /* the caller works chunks too, with its own bounce */
+    if (rc < 0)
+        return rc;
+    if (!zc && v->direct && (rc = ctx_bounce(v, x, v->max_span)) < 0) {
+        ctx_put(v, x);
+        return rc;
+    }
+
+    /* Chunks smaller than an even split so that fast threads take more. */
+    size_t parts = 2 * ((size_t)p->nthreads + 1);
+    if (parts > n)
+        parts = n;
+    struct kd_batch b;
+    memset(&b, 0, sizeof b);
+    b.rows = rows;
+    b.n = n;
+    b.dst = dst;
+    b.dst_stride = dst_stride;
+    b.zc = zc;
+    b.chunk = (n + parts - 1) / parts;
+    b.nchunks = (n + b.chunk - 1) / b.chunk;
+    rc = pthread_cond_init(&b.cv, NULL);
+    if (rc) {
+        ctx_put(v, x);
+        return kd_fail(-rc, "cannot create a condition variable reading %s", v->path);
+    }
+
+    pthread_mutex_lock(&p->mu);
+    if (b.nchunks > 1) {
+        struct kd_batch **pp = &p->head;   /* FIFO: older batches first */
+        while (*pp)
+            pp = &(*pp)->qnext;
+        *pp = &b;
+        /* Wake only as many workers as there are chunks beyond the caller's. */
+        for (size_t w = 1; w < b.nchunks && w <= p->nthreads; w++)
+            pthread_cond_signal(&p->work_cv);
+    }
+    for (;;) {
+        size_t k;
+        int skip;
+        if (b.nchunks == 1) {
+            if (b.next)
+                break;
+            k = b.next++;
+            skip = 0;
+        } else if (!batch_claim(p, &b, &k, &skip)) {
+            break;
+        }
+        pthread_mutex_unlock(&p->mu);
+        batch_run_chunk(v, &b, k, skip, &x->bounce);
+        pthread_mutex_lock(&p->mu);
+    }
+    while (b.done < b.nchunks)
+        pthread_cond_wait(&b.cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+
+    pthread_cond_destroy(&b.cv);
+    ctx_put(v, x);
+    c->read_ops += b.ops;
+    c->read_bytes += b.bytes;
+    if (b.err) {
+        kd_set_error_text(b.errmsg);
+        return b.err;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Open / close                                                        */
+
+#ifdef KD_HAVE_LIBURING
+static unsigned ring_size_for(unsigned depth)
+{
+    unsigned e = 1;
+    while (e < depth && e < KD_MAX_RING)
+        e <<= 1;
+    return e;
+}
+#endif
+
+static int validate_config(const struct kd_vecio_config *cfg)
+{
+    const char *path = cfg->path ? cfg->path : "(null)";
+    if (!cfg->path || !cfg->path[0])
+        return kd_fail(-EINVAL, "vector file path is empty");
+    if (cfg->record_bytes == 0)
+        return kd_fail(-EINVAL, "record_bytes must be > 0 for %s", path);
+    if (cfg->stride < cfg->record_bytes)
+        return kd_fail(-EINVAL, "stride %u is smaller than record_bytes %u for %s",
+                       cfg->stride, cfg->record_bytes, path);
+    if (cfg->offset % 4096)
+        return kd_fail(-EINVAL, "section offset %llu of %s is not a multiple of 4096",
+                       (unsigned long long)cfg->offset, path);
+    if (cfg->io_depth < 1)
+        return kd_fail(-EINVAL, "io_depth must be >= 1 for %s", path);
+    if (cfg->backend < KD_IO_AUTO || cfg->backend > KD_IO_MMAP)
+        return kd_fail(-EINVAL, "unknown I/O backend %d for %s", cfg->backend, path);
+    if (cfg->offset > UINT64_MAX - cfg->record_bytes ||
+        (cfg->count > 0 &&
+         cfg->count - 1 > (UINT64_MAX - cfg->offset - cfg->record_bytes) / cfg->stride))
+        return kd_fail(-EINVAL, "section of %llu records of stride %u overflows for %s",
+                       (unsigned long long)cfg->count, cfg->stride, path);
+    return 0;
+}
+
+/* Open v->path; on O_DIRECT refusal (tmpfs, some overlayfs) fall back to
+ * buffered reads with read-ahead off. */
+static int open_file(struct kd_vecio *v, int want_direct)
+{
+    v->direct = 0;
+    if (want_direct) {
+        v->fd = open(v->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+        if (v->fd >= 0) {
+            v->direct = 1;
+            return 0;
+        }
+        int e = errno;
+        if (e != EINVAL)
+            return kd_fail(-e, "cannot open %s with O_DIRECT: %s", v->path, errstr(e));
+    }
+    v->fd = open(v->path, O_RDONLY | O_CLOEXEC);
+    if (v->fd < 0) {
+        int e = errno;
+        return kd_fail(-e, "cannot open %s: %s", v->path, errstr(e));
+    }
+    if (want_direct) {
+        v->fallbacks |= KD_FALLBACK_NO_DIRECT;
+        posix_fadvise(v->fd, 0, 0, POSIX_FADV_RANDOM);   /* best effort */
+    }
+    return 0;
+}
+
+/* Some filesystems accept O_DIRECT at open and refuse it at read time; one
+ * aligned read of the section's first block finds out while we can still
+ * fall back. Returns 1 when direct reads work, 0 when they do not, <0 error. */
+static int probe_direct_read(struct kd_vecio *v)
+{
+    void *buf = kd_alloc_aligned(v->buf_align, v->alignment);
+    if (!buf)
+        return kd_fail(-ENOMEM, "out of memory probing O_DIRECT on %s", v->path);
+    ssize_t got;
+    do
+        got = pread(v->fd, buf, v->alignment, (off_t)round_down(v->offset, v->alignment));
+    while (got < 0 && errno == EINTR);
+    int e = errno;
+    kd_free_aligned(buf);
+    if (got >= 0)
+        return 1;
+    if (e == EINVAL)
+        return 0;
+    return kd_fail(-e, "probe read of %s with O_DIRECT failed: %s", v->path, errstr(e));
+}
+
+static int map_section(struct kd_vecio *v)
+{
+    if (v->count == 0)
+        return 0;
+    long pg = sysconf(_SC_PAGESIZE);
+    uint64_t page = pg > 0 ? (uint64_t)pg : 4096;
+    v->map_off = round_down(v->offset, page);
+    uint64_t end = v->offset + (v->count - 1) * v->stride + v->record_bytes;
+    if (end - v->map_off > SIZE_MAX)
+        return kd_fail(-EFBIG, "section of %s is too large to map", v->path);
+    v->map_len = (size_t)(end - v->map_off);
+    void *m = mmap(NULL, v->map_len, PROT_READ, MAP_SHARED, v->fd, (off_t)v->map_off);
+    if (m == MAP_FAILED) {
+        int e = errno;
+        v->map_len = 0;
+        return kd_fail(-e, "cannot mmap %zu bytes of %s: %s", (size_t)(end - v->map_off),
+                       v->path, errstr(e));
+    }
+    v->map = m;
+    madvise(v->map, v->map_len, MADV_RANDOM);   /* best effort: no read-around */
+    return 0;
+}
+
+/* Decide between io_uring and threads; creates the first ring when io_uring
+ * works (the probe is a real ring of the size reads will use). */
+static int select_backend(struct kd_vecio *v, int asked)
+{
+    if (asked != KD_IO_AUTO && asked != KD_IO_URING) {
+        v->backend = asked;
+        return 0;
+    }
+    int err;
+    char why[KD_ERRMSG_LEN];
+#ifdef KD_HAVE_LIBURING
+    if (uring_disabled_by_env()) {
+        err = -ENOSYS;
+        snprintf(why, sizeof why, "disabled by KNNDIRECT_DISABLE_IO_URING");
+    } else {
+        v->backend = KD_IO_URING;
+        struct kd_ctx *x = NULL;
+        err = ctx_new(v, &x);
+        if (err == 0) {
+            ctx_put(v, x);
+            return 0;
+        }
+        snprintf(why, sizeof why,
+                 "io_uring_queue_init(%u entries) failed: %s (io_uring_disabled sysctl, "
+                 "seccomp filter, or a kernel without io_uring)",
+                 v->ring_entries, errstr(-err));
+    }
+#else
+    err = -ENOSYS;
+    snprintf(why, sizeof why, "this build has no io_uring support (liburing not found)");
+#endif
+    if (asked == KD_IO_URING)
+        return kd_fail(err, "io_uring backend requested for %s but io_uring is unavailable: %s",
+                       v->path, why);
+    v->backend = KD_IO_THREADS;
+    v->fallbacks |= KD_FALLBACK_NO_URING;
+    return 0;
+}
+
+int kd_vecio_open(struct kd_vecio **out, const struct kd_vecio_config *cfg)
+{
+    if (!out || !cfg)
+        return kd_fail(-EINVAL, "kd_vecio_open: NULL argument");
+    *out = NULL;
+    int rc = validate_config(cfg);
+    if (rc < 0)
+        return rc;
+
+    struct kd_vecio *v = calloc(1, sizeof *v);
+    if (!v)
+        return kd_fail(-ENOMEM, "out of memory opening %s", cfg->path);
+    v->fd = -1;
+    v->offset = cfg->offset;
+    v->count = cfg->count;
+    v->stride = cfg->stride;
+    v->record_bytes = cfg->record_bytes;
+    v->io_depth = cfg->io_depth;
+    v->path = strdup(cfg->path);
+    if (!v->path) {
+        rc = kd_fail(-ENOMEM, "out of memory opening %s", cfg->path);
+        goto fail;
+    }
+    if ((rc = pthread_mutex_init(&v->ctx_mu, NULL)) != 0) {
+        rc = kd_fail(-rc, "cannot create a mutex for %s", cfg->path);
+        goto fail;
+    }
+    v->ctx_mu_ok = 1;
+
+    /* The mmap backend reads the page cache by definition: no O_DIRECT. */
+    int want_direct = cfg->direct_io && cfg->backend != KD_IO_MMAP;
+    if ((rc = open_file(v, want_direct)) < 0)
+        goto fail;
+    if ((rc = probe_file(v)) < 0)
+        goto fail;
+    v->buf_align = KD_MIN_BUF_ALIGN;
+    if (v->direct && v->alignment > v->buf_align)
+        v->buf_align = v->alignment;
+    if (v->direct && v->count > 0) {
+        rc = probe_direct_read(v);
+        if (rc < 0)
+            goto fail;
+        if (rc == 0) {
+            close(v->fd);
+            v->fd = -1;
+            if ((rc = open_file(v, 0)) < 0)
+                goto fail;
+            v->fallbacks |= KD_FALLBACK_NO_DIRECT;
+            posix_fadvise(v->fd, 0, 0, POSIX_FADV_RANDOM);
+            v->buf_align = KD_MIN_BUF_ALIGN;
+        }
+    }
+    v->read_align = v->direct ? v->alignment : 1;
+
+    uint64_t need = v->offset;
+    if (v->count > 0)
+        need += (v->count - 1) * v->stride + v->record_bytes;
+    if (v->file_size < need) {
+        rc = kd_fail(-EINVAL, "%s holds %llu bytes but the section needs %llu "
+                     "(offset %llu + %llu records of stride %u)", v->path,
+                     (unsigned long long)v->file_size, (unsigned long long)need,
+                     (unsigned long long)v->offset, (unsigned long long)v->count, v->stride);
+        goto fail;
+    }
+
+    v->max_span = v->direct ? kd_round_up(v->record_bytes, v->read_align) + v->read_align
+                            : v->record_bytes;
+    v->inflight = cfg->io_depth < KD_MAX_RING ? cfg->io_depth : KD_MAX_RING;
+#ifdef KD_HAVE_LIBURING
+    v->ring_entries = ring_size_for(v->inflight);
+#endif
+
+    if ((rc = select_backend(v, cfg->backend)) < 0)
+        goto fail;
+    if (v->backend == KD_IO_MMAP && (rc = map_section(v)) < 0)
+        goto fail;
+    if (v->backend == KD_IO_THREADS) {
+        unsigned nt = cfg->io_depth < KD_MAX_THREADS ? cfg->io_depth : KD_MAX_THREADS;
+        if ((rc = pool_start(v, nt)) < 0)
+            goto fail;
+    }
+    *out = v;
+    return 0;
+
+fail:
+    {
+        /* close may not clobber the message of the failure being reported */
+        char msg[KD_ERRMSG_LEN];
+        snprintf(msg, sizeof msg, "%s", kd_last_error());
+        kd_vecio_close(v);
+        kd_set_error_text(msg);
+    }
+    return rc;
+}
+
+void kd_vecio_close(struct kd_vecio *v)
+{
+    if (!v)
+        return;
+    pool_stop(v);
+    while (v->free_ctx) {
+        struct kd_ctx *x = v->free_ctx;
+        v->free_ctx = x->next;
+        ctx_destroy(x);
+    }
+    if (v->ctx_mu_ok)
+        pthread_mutex_destroy(&v->ctx_mu);
+    if (v->map)
+        munmap(v->map, v->map_len);
+    if (v->fd >= 0)
+        close(v->fd);
+    free(v->path);
+    free(v);
+}
+
+void kd_vecio_get_info(const struct kd_vecio *v, struct kd_vecio_info *info)
+{
+    info->backend = v->backend;
+    info->direct_io = v->direct;
+    info->alignment = v->alignment;
+    info->fallbacks = v->fallbacks;
+}
+
+uint32_t kd_vecio_buffer_alignment(const struct kd_vecio *v)
+{
+    return v->buf_align;
+}
+
+const char *kd_io_backend_name(int backend)
+{
+    switch (backend) {
+    case KD_IO_AUTO: return "auto";
+    case KD_IO_URING: return "io_uring";
+    case KD_IO_THREADS: return "threads";
+    case KD_IO_PREAD: return "pread";
+    case KD_IO_MMAP: return "mmap";
+    default: return "unknown";
+    }
+}
+
+int kd_vecio_have_uring(void)
+{
+#ifdef KD_HAVE_LIBURING
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* ------------------------------------------------------------------ */
+/* Reads                                                               */
+
+/* Whether records can be read straight into dst under O_DIRECT. */
+static int zero_copy_ok(const struct kd_vecio *v, const void *dst, size_t dst_stride)
+{
+    uint32_t a = v->read_align;
+    return (uintptr_t)dst % v->buf_align == 0 && dst_stride % a == 0 &&
+           v->stride % a == 0 && v->offset % a == 0;
+}
+
+int kd_vecio_read(struct kd_vecio *v, const uint64_t *rows, size_t n,
+                  void *dst, size_t dst_stride, struct kd_io_counters *c)
+{
+    struct kd_io_counters local = { 0, 0, 0 };
+    uint64_t t0 = kd_now_ns();
+    int rc = 0;
+
+    if (n == 0)
+        goto out;
+    if (!v || !rows || !dst) {
+        rc = kd_fail(-EINVAL, "kd_vecio_read: NULL argument");
+        goto out;
+    }
+    if (dst_stride < v->record_bytes) {
+        rc = kd_fail(-EINVAL, "destination stride %zu is smaller than the record size %u of %s",
+                     dst_stride, v->record_bytes, v->path);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (rows[i] >= v->count) {
+            rc = kd_fail(-EINVAL,
+                         "row %llu (batch position %zu) is out of range: %s holds %llu records",
+                         (unsigned long long)rows[i], i, v->path, (unsigned long long)v->count);
+            goto out;
+        }
+    }
+
+    if (v->backend == KD_IO_MMAP) {
+        for (size_t i = 0; i < n; i++)
+            memcpy((char *)dst + i * dst_stride,
+                   v->map + (v->offset - v->map_off) + rows[i] * v->stride, v->record_bytes);
+        local.read_ops = n;
+        local.read_bytes = (uint64_t)n * v->record_bytes;
+        goto out;
+    }
+
+    int zc = v->direct && zero_copy_ok(v, dst, dst_stride);
+    if (v->backend == KD_IO_THREADS) {
+        rc = pool_read(v, rows, n, dst, dst_stride, zc, &local);
+        goto out;
+    }
+
+    struct kd_ctx *x = NULL;
+    if ((rc = ctx_get(v, &x)) < 0)
+        goto out;
+#ifdef KD_HAVE_LIBURING
+    if (v->backend == KD_IO_URING) {
+        if (!zc && v->direct)
+            rc = ctx_bounce(v, x, (size_t)v->inflight * v->max_span);
+        int broken = 0;
+        if (rc == 0)
+            rc = uring_read(v, x, rows, n, dst, dst_stride, zc, &local, &broken);
+        if (broken)
+            ctx_destroy(x);
+        else
+            ctx_put(v, x);
+        goto out;
+    }
+#endif
+    if (!zc && v->direct)
+        rc = ctx_bounce(v, x, v->max_span);
+    if (rc == 0)
+        rc = read_rows_sync(v, rows, n, dst, dst_stride, zc, x->bounce, &local);
+    ctx_put(v, x);
+
+out:
+    local.wait_ns = kd_now_ns() - t0;
+    if (c)
+        *c = local;
+    return rc;
+}
+
+int kd_vecio_read_range(struct kd_vecio *v, uint64_t first, uint64_t n,
+                        void *dst, struct kd_io_counters *c)
+{
+    struct kd_io_counters local = { 0, 0, 0 };
+    uint64_t t0 = kd_now_ns();
+    char *bounce = NULL;
+    int rc = 0;
+
+    if (n == 0)
+        goto out;
+    if (!v || !dst) {
+        rc = kd_fail(-EINVAL, "kd_vecio_read_range: NULL argument");
+        goto out;
+    }
+    if (first >= v->count || n > v->count - first) {
+        rc = kd_fail(-EINVAL, "records [%llu, %llu) are out of range: %s holds %llu records",
+                     (unsigned long long)first, (unsigned long long)(first + n), v->path,
+                     (unsigned long long)v->count);
+        goto out;
+    }
+
+    char *out = dst;
+    uint64_t abs = v->offset + first * v->stride;
+    /* The last record may end the file, so only its payload must arrive. */
+    uint64_t need_total = (n - 1) * v->stride + v->record_bytes;
+
+    if (v->backend == KD_IO_MMAP) {
+        memcpy(out, v->map + (abs - v->map_off), need_total);
+        local.read_ops = n;
+        local.read_bytes = need_total;
+        goto out;
+    }
+
+    uint64_t a = v->read_align;
+    uint64_t chunk = KD_RANGE_CHUNK >= a ? round_down(KD_RANGE_CHUNK, a) : a;
+    uint64_t pos = 0;
+    if (a == 1 || ((uintptr_t)out % v->buf_align == 0 && abs % a == 0)) {
+        /* Straight into dst, never writing past its n*stride bytes. */
+        uint64_t direct_len = a == 1 ? need_total
+                                     : min_u64(round_down(n * v->stride, a),
+                                               kd_round_up(need_total, a));
+        while (pos < direct_len) {
+            struct kd_req r = {
+                .row = first + pos / v->stride, .buf = out + pos, .off = abs + pos,
+                .len = (uint32_t)min_u64(chunk, direct_len - pos),
+            };
+            r.need = (uint32_t)min_u64(r.len, need_total - pos);
+            if ((rc = req_pread(v, &r, &local)) < 0)
+                goto out;
+            pos += r.len;
+        }
+    }
+    if (pos < need_total) {
+        /* Unaligned dst or offset, or the tail of an aligned range. */
+        uint64_t piece = min_u64(chunk, need_total - pos);
+        size_t bsize = (size_t)kd_round_up(piece, a) + 2 * a;
+        bounce = kd_alloc_aligned(v->buf_align, bsize);
+        if (!bounce) {
+            rc = kd_fail(-ENOMEM, "out of memory for a %zu-byte bounce buffer reading %s",
+                         bsize, v->path);
+            goto out;
+        }
+        while (pos < need_total) {
+            uint64_t p = abs + pos, len = min_u64(piece, need_total - pos);
+            uint64_t start = round_down(p, a), end = kd_round_up(p + len, a);
+            struct kd_req r = {
+                .row = first + pos / v->stride, .buf = bounce, .off = start,
+                .len = (uint32_t)(end - start), .need = (uint32_t)(p - start + len),
+            };
+            if ((rc = req_pread(v, &r, &local)) < 0)
+                goto out;
+            memcpy(out + pos, bounce + (p - start), len);
+            pos += len;
+        }
+    }
+
+out:
+    kd_free_aligned(bounce);
+    local.wait_ns = kd_now_ns() - t0;
+    if (c)
+        *c = local;
+    return rc;
+}

@@ -1,0 +1,94 @@
+"""Recall of the default two-phase search (HNSW over codes + rerank) against
+numpy brute force on clustered, anisotropic data."""
+import numpy as np
+import pytest
+
+import knndirect as kd
+from conftest import (METRICS, assert_rows_sorted, brute_force, build,
+                      recall_at_k, score_matrix, split)
+
+K = 10
+NQ = 200
+
+CASES = [(20000, 128), (10000, 768)]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: "%dx%d" % c)
+def dataset(request):
+    n, d = request.param
+    base, queries = split(n, NQ, d, seed=1000 + d)
+    return base, queries
+
+
+@pytest.fixture(scope="module", params=METRICS)
+def case(request, dataset):
+    metric = request.param
+    base, queries = dataset
+    index = build(base, metric)
+    gtD, gtI = brute_force(base, queries, K, metric)
+    yield metric, base, queries, index, gtD, gtI
+    index.close()
+
+
+def test_recall_default_parameters(case):
+    metric, base, queries, index, gtD, gtI = case
+    D, I = index.search(queries, K)
+    assert D.shape == (NQ, K) and I.shape == (NQ, K)
+    assert D.dtype == np.float32 and I.dtype == np.int64
+    r = recall_at_k(I, gtI)
+    assert r >= 0.95, "recall@10 = %.4f for %s %s (want >= 0.95)" % (r, metric, base.shape)
+
+
+def test_reranked_distances_are_true_distances(case):
+    """With rerank (the default), D is the full-precision metric value of the
+    returned id, and rows are sorted best first."""
+    metric, base, queries, index, gtD, gtI = case
+    D, I = index.search(queries[:50], K)
+    assert (I >= 0).all() and (I < len(base)).all()
+    S = score_matrix(base, queries[:50], metric)
+    true = np.take_along_axis(S, I, 1)
+    scale = max(1.0, float(np.abs(S).max()))
+    np.testing.assert_allclose(D, true, rtol=1e-4, atol=1e-4 * scale)
+    assert_rows_sorted(D, metric)
+    for row in I:
+        assert len(set(row.tolist())) == K, "duplicate ids in a result row"
+
+
+def test_larger_ef_does_not_hurt_recall(case):
+    metric, base, queries, index, gtD, gtI = case
+    r_default = recall_at_k(index.search(queries, K)[1], gtI)
+    r_big = recall_at_k(index.search(queries, K, ef=400, oversample=20)[1], gtI)
+    assert r_big >= 0.98, "ef=400, oversample=20 gave recall %.4f" % r_big
+    assert r_big >= r_default - 0.01
+
+
+def test_rerank_false_returns_estimates(case):
+    """rerank=False: valid, sorted, distinct ids; recall is allowed to be lower
+    but must still be far better than chance."""
+    metric, base, queries, index, gtD, gtI = case
+    D, I = index.search(queries[:50], K, rerank=False)
+    assert D.shape == (50, K) and I.shape == (50, K)
+    assert D.dtype == np.float32 and I.dtype == np.int64
+    assert (I >= 0).all() and (I < len(base)).all()
+    assert np.isfinite(D).all()
+    assert_rows_sorted(D, metric)
+    r = recall_at_k(I, gtI[:50])
+    assert r >= 0.3, "rerank=False recall %.3f is no better than noise" % r
+
+
+@pytest.mark.parametrize("quantization", ["4bit", "8bit"])
+def test_recall_scalar_quantization(quantization):
+    base, queries = split(10000, NQ, 128, seed=77)
+    index = build(base, "l2", quantization=quantization)
+    try:
+        assert index.info()["quantization"] == quantization
+        gtD, gtI = brute_force(base, queries, K, "l2")
+        r = recall_at_k(index.search(queries, K)[1], gtI)
+        assert r >= 0.95, "recall@10 = %.4f with quantization=%s" % (r, quantization)
+    finally:
+        index.close()
+
+
+def test_unknown_quantization_rejected():
+    with pytest.raises(ValueError):
+        kd.Index(16, "l2", quantization="3bit")

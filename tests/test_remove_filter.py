@@ -1,0 +1,245 @@
+"""Tombstones (remove) and allow-list filters."""
+import numpy as np
+import pytest
+
+import knndirect as kd
+from conftest import (METRICS, assert_exact_match, brute_force, build,
+                      missing_value, open_quiet, recall_at_k, same_bytes,
+                      split)
+
+N, NQ, D_, K = 5000, 50, 128, 10
+
+
+@pytest.fixture(scope="module")
+def data():
+    return split(N, NQ, D_, seed=9000)
+
+
+@pytest.fixture
+def fresh(data):
+    """A fresh l2 index (built per test: tests mutate it)."""
+    base, queries = data
+    index = build(base, "l2")
+    yield index
+    index.close()
+
+
+@pytest.fixture(scope="module")
+def shared(data):
+    """Read-only use only (filter tests)."""
+    base, queries = data
+    out = {m: build(base, m) for m in METRICS}
+    yield out
+    for ix in out.values():
+        ix.close()
+
+
+# ---------------------------------------------------------------- remove
+
+def test_removed_ids_never_returned(fresh, data):
+    base, queries = data
+    _, gtI = brute_force(base, queries, K, "l2")
+    # remove every true top-3 neighbour of every query
+    gone = np.unique(gtI[:, :3])
+    fresh.remove(gone)
+    assert len(fresh) == N - len(gone)
+    gone_set = set(gone.tolist())
+    for kwargs in ({}, {"exact": True}, {"rerank": False}, {"ef": 300, "oversample": 10}):
+        D, I = fresh.search(queries, K, **kwargs)
+        assert not (set(I.ravel().tolist()) & gone_set), kwargs
+    keep = np.setdiff1d(np.arange(N), gone)
+    D, I = fresh.search(queries, K, exact=True)
+    assert_exact_match(D, I, base[keep], queries, "l2", ids=keep)
+
+
+def test_recall_after_removing_ten_percent(fresh, data):
+    base, queries = data
+    gone = np.random.default_rng(1).choice(N, size=N // 10, replace=False)
+    fresh.remove(gone)
+    keep = np.setdiff1d(np.arange(N), gone)
+    _, gtI = brute_force(base[keep], queries, K, "l2", ids=keep)
+    D, I = fresh.search(queries, K)
+    assert not np.isin(I, gone).any()
+    r = recall_at_k(I, gtI)
+    assert r >= 0.9, "recall after removing 10%% = %.3f" % r
+
+
+def test_removed_get_vectors_raises(fresh, data):
+    base, queries = data
+    fresh.remove([7, 8])
+    with pytest.raises(KeyError):
+        fresh.get_vectors([7])
+    with pytest.raises(KeyError):
+        fresh.get_vectors([1, 8])
+    assert same_bytes(fresh.get_vectors([6, 9]), base[[6, 9]])
+
+
+def test_remove_twice_raises(fresh):
+    fresh.remove([11])
+    with pytest.raises(KeyError):
+        fresh.remove([11])
+    assert len(fresh) == N - 1
+
+
+def test_remove_accepts_int_list_array_scalar_like(fresh):
+    fresh.remove([1, 2])
+    fresh.remove(np.array([3, 4], dtype=np.int32))
+    fresh.remove(np.array([5], dtype=np.int64))
+    assert len(fresh) == N - 5
+
+
+def test_removed_id_can_be_added_again(fresh, data):
+    base, queries = data
+    fresh.remove([42])
+    new = (base[42] + 3.0).astype(np.float32)
+    fresh.add(new[None, :], ids=[42])
+    assert len(fresh) == N
+    assert same_bytes(fresh.get_vectors([42]), new[None, :])
+    D, I = fresh.search(new, 1, exact=True)
+    assert I[0] == 42 and D[0] == pytest.approx(0.0, abs=1e-4)
+    D, I = fresh.search(new, 1)
+    assert I[0] == 42
+    # and it is found for the old location no more than any other vector
+    D, I = fresh.search(base[42], 5, exact=True)
+    assert_exact_match(D[None], I[None], np.vstack([np.delete(base, 42, 0), new[None]]),
+                       base[42:43], "l2", ids=np.append(np.delete(np.arange(N), 42), 42))
+
+
+def test_remove_everything(fresh, data):
+    base, queries = data
+    fresh.remove(np.arange(N))
+    assert len(fresh) == 0
+    for exact in (False, True):
+        D, I = fresh.search(queries[:3], 5, exact=exact)
+        assert (I == -1).all() and (D == np.inf).all()
+
+
+def test_remove_is_persisted(data, tmp_path):
+    base, queries = data
+    index = build(base[:1000], "cosine")
+    gone = np.arange(0, 1000, 3)
+    index.remove(gone)
+    p = tmp_path / "rm.kdx"
+    index.save(p)
+    exp = index.search(queries, K)
+    for other in (kd.load(p), kd.load(index.to_bytes()), open_quiet(p)):
+        assert len(other) == 1000 - len(gone)
+        D, I = other.search(queries, K)
+        np.testing.assert_array_equal(I, exp[1])
+        assert not np.isin(I, gone).any()
+        D, I = other.search(queries, K, exact=True)
+        assert not np.isin(I, gone).any()
+        with pytest.raises(KeyError):
+            other.get_vectors([0])
+        other.close()
+    index.close()
+
+
+def test_remove_on_opened_index_is_in_memory(data, tmp_path):
+    base, queries = data
+    index = build(base[:1000], "l2")
+    p = tmp_path / "ro.kdx"
+    index.save(p)
+    index.close()
+    before = p.read_bytes()
+    o = open_quiet(p)
+    _, I0 = o.search(queries, K, exact=True)
+    victims = np.unique(I0[:, 0])
+    o.remove(victims)
+    assert len(o) == 1000 - len(victims)
+    for exact in (False, True):
+        _, I = o.search(queries, K, exact=exact)
+        assert not np.isin(I, victims).any()
+    with pytest.raises(KeyError):
+        o.get_vectors(victims[:1])
+    o.close()
+    assert p.read_bytes() == before, "remove on an opened index modified the file"
+    again = open_quiet(p)
+    assert len(again) == 1000
+    again.close()
+
+
+# ---------------------------------------------------------------- filter
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("frac", [0.5, 0.1, 0.01])
+def test_filter_exact_equals_brute_force_on_subset(shared, data, metric, frac):
+    base, queries = data
+    rng = np.random.default_rng(int(frac * 1000))
+    allowed = np.sort(rng.choice(N, size=int(N * frac), replace=False))
+    D, I = shared[metric].search(queries, K, filter=allowed, exact=True)
+    assert np.isin(I, allowed).all()
+    assert_exact_match(D, I, base[allowed], queries, metric, ids=allowed)
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("frac", [0.5, 0.1, 0.01])
+def test_filter_graph_search_honours_filter(shared, data, metric, frac):
+    base, queries = data
+    rng = np.random.default_rng(int(frac * 1000) + 1)
+    allowed = rng.choice(N, size=int(N * frac), replace=False)
+    D, I = shared[metric].search(queries, K, filter=allowed)
+    assert np.isin(I, allowed).all(), "a result outside the filter was returned"
+    _, gtI = brute_force(base[np.sort(allowed)], queries, K, metric, ids=np.sort(allowed))
+    r = recall_at_k(I, gtI)
+    assert r >= 0.9, "filtered recall %.3f (frac %.2f, %s)" % (r, frac, metric)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_tight_filter_pads(shared, data, exact):
+    base, queries = data
+    allowed = np.array([17, 4000, 123])
+    for metric in METRICS:
+        D, I = shared[metric].search(queries[:5], K, filter=allowed, exact=exact)
+        assert I.shape == (5, K)
+        for row in I:
+            assert sorted(row[:3].tolist()) == [17, 123, 4000]
+        assert (I[:, 3:] == -1).all()
+        assert (D[:, 3:] == missing_value(metric)).all()
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_empty_filter_returns_nothing(shared, data, exact):
+    base, queries = data
+    D, I = shared["l2"].search(queries[:4], K, filter=np.array([], dtype=np.int64), exact=exact)
+    assert (I == -1).all() and (D == np.inf).all()
+
+
+def test_filter_single_query_and_list(shared, data):
+    base, queries = data
+    allowed = list(range(0, N, 7))
+    D, I = shared["ip"].search(queries[0], K, filter=allowed, exact=True)
+    assert I.shape == (K,)
+    assert all(i % 7 == 0 for i in I.tolist())
+    assert_exact_match(D[None], I[None], base[allowed], queries[:1], "ip", ids=allowed)
+
+
+def test_filter_with_removed_ids(fresh, data):
+    base, queries = data
+    allowed = np.arange(0, 200)
+    fresh.remove(np.arange(0, 200, 2))
+    live = np.arange(1, 200, 2)
+    for exact in (False, True):
+        D, I = fresh.search(queries, K, filter=allowed, exact=exact)
+        assert np.isin(I, live).all()
+    D, I = fresh.search(queries, K, filter=allowed, exact=True)
+    assert_exact_match(D, I, base[live], queries, "l2", ids=live)
+
+
+@pytest.mark.parametrize("backend", ["auto", "threads", "mmap"])
+def test_filter_on_opened_index(shared, data, tmp_path_factory, backend):
+    base, queries = data
+    p = tmp_path_factory.mktemp("flt") / "f.kdx"
+    shared["cosine"].save(p)
+    o = open_quiet(p, backend)
+    try:
+        allowed = np.arange(100, 2600)
+        for exact in (False, True):
+            D, I = o.search(queries, K, filter=allowed, exact=exact)
+            assert np.isin(I, allowed).all()
+        D, I = o.search(queries, K, filter=allowed, exact=True)
+        assert_exact_match(D, I, base[allowed], queries, "cosine", ids=allowed)
+        exp = shared["cosine"].search(queries, K, filter=allowed)
+        np.testing.assert_array_equal(o.search(queries, K, filter=allowed)[1], exp[1])
+    finally:
+        o.close()
