@@ -364,18 +364,20 @@ static int cmp_item(const void *a, const void *b)
     return (x->dist > y->dist) - (x->dist < y->dist);
 }
 
-static void link_back(struct kd_graph *g, const struct kd_build_oracle *o, uint32_t nb,
-                      uint32_t node, int level, struct kd_heap_item *buf, uint32_t *rows,
-                      float *dists)
+/* Add node to nb's list, pruning it when full; returns whether node stayed. */
+static int link_back(struct kd_graph *g, const struct kd_build_oracle *o, uint32_t nb,
+                     uint32_t node, int level, struct kd_heap_item *buf, uint32_t *rows,
+                     float *dists)
 {
     uint32_t cap = level == 0 ? g->m0 : g->m;
+    int kept = 1;
     node_lock(g, nb);
     uint32_t *l = kd_graph_list(g, nb, level);
     uint32_t n = l[0];
     for (uint32_t i = 0; i < n; i++)
         if (l[1 + i] == node) {
             node_unlock(g, nb);
-            return;
+            return 1;
         }
     if (n < cap) {
         l[1 + n] = node;
@@ -390,7 +392,25 @@ static void link_back(struct kd_graph *g, const struct kd_build_oracle *o, uint3
         }
         qsort(buf, n + 1, sizeof *buf, cmp_item);
         l[0] = (uint32_t)select_diverse(o, buf, n + 1, cap, l + 1);
+        kept = 0;
+        for (uint32_t i = 0; i < l[0] && !kept; i++)
+            kept = l[1 + i] == node;
     }
+    node_unlock(g, nb);
+    return kept;
+}
+
+/* An outlier can be pruned from every neighbour's list and so become
+ * unreachable; give it one in-link from its nearest neighbour. */
+static void force_in_link(struct kd_graph *g, uint32_t nb, uint32_t node, int level)
+{
+    uint32_t cap = level == 0 ? g->m0 : g->m;
+    node_lock(g, nb);
+    uint32_t *l = kd_graph_list(g, nb, level);
+    if (l[0] < cap)
+        l[++l[0]] = node;
+    else
+        l[cap] = node;   /* the last entry is the farthest kept */
     node_unlock(g, nb);
 }
 
@@ -429,8 +449,11 @@ static int insert_one(struct kd_graph *g, const struct kd_build_oracle *o, uint3
         memcpy(l + 1, chosen, kept * sizeof(uint32_t));
         l[0] = (uint32_t)kept;
         node_unlock(g, node);
+        int linked = 0;
         for (size_t i = 0; i < kept; i++)
-            link_back(g, o, chosen[i], node, lc, buf, rows, dists);
+            linked |= link_back(g, o, chosen[i], node, lc, buf, rows, dists);
+        if (!linked && kept)
+            force_in_link(g, chosen[0], node, lc);
         nentry = nres < 64 ? nres : 64;
     }
     if (hold) {

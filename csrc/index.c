@@ -26,7 +26,7 @@ struct kd_ctx {
     float *qn;                    /* normalized query (cosine) */
     uint8_t *buf;                 /* aligned records for reranking */
     size_t buf_rows;
-    uint64_t *rows64;
+    uint64_t *rows64;             /* one read batch, RERANK_CHUNK rows */
     uint32_t *rows;
     size_t rows_cap;
     struct kd_heap_item *top;     /* exact top-k */
@@ -85,9 +85,17 @@ static uint32_t record_stride_for(uint32_t dim)
 
 double kd_default_oversample(int quantization, uint32_t dim)
 {
-    (void)quantization;
+    if (quantization == KD_Q_8BIT)
+        return 2.0;
+    if (quantization == KD_Q_4BIT)
+        return 3.0;
     /* 1-bit estimates are noisier in few dims (fewer bits per vector). */
     return dim <= 256 ? 10.0 : 5.0;
+}
+
+static int valid_quantization(uint32_t q)
+{
+    return q == KD_Q_1BIT || q == KD_Q_4BIT || q == KD_Q_8BIT;
 }
 
 /* ---- distances */
@@ -167,14 +175,10 @@ static int ctx_rows(struct kd_ctx *c, size_t n)
 {
     if (n <= c->rows_cap)
         return 0;
-    uint64_t *r64 = realloc(c->rows64, n * sizeof *r64);
-    if (r64)
-        c->rows64 = r64;
     uint32_t *r = realloc(c->rows, n * sizeof *r);
-    if (r)
-        c->rows = r;
-    if (!r64 || !r)
+    if (!r)
         return kd_fail(-ENOMEM, "out of memory for a search");
+    c->rows = r;
     c->rows_cap = n;
     return 0;
 }
@@ -271,6 +275,8 @@ static int score_rows(struct kd_index *ix, struct kd_ctx *c, const float *qn,
     int err = ctx_buf(ix, c, chunk);
     if (err)
         return err;
+    if (!c->rows64 && !(c->rows64 = malloc(RERANK_CHUNK * sizeof *c->rows64)))
+        return kd_fail(-ENOMEM, "out of memory for a search");
     for (size_t at = 0; at < n; at += chunk) {
         size_t m = n - at < chunk ? n - at : chunk;
         for (size_t i = 0; i < m; i++)
@@ -402,7 +408,9 @@ static int search_one(struct kd_index *ix, struct kd_ctx *c, const float *q,
     size_t ef = sp->ef ? sp->ef : DEFAULT_EF;
     if (ef < L)
         ef = L;
-    int exact = sp->exact || prefer_exact(ix, f, ef) || ix->graph.entry == KD_NONE;
+    /* A shortlist as large as the index is a full scan anyway. */
+    int exact = sp->exact || prefer_exact(ix, f, ef) || ix->graph.entry == KD_NONE ||
+                L >= ix->live;
     int done = 0;
 
     if (!exact) {
@@ -581,7 +589,7 @@ static int index_alloc(struct kd_index **out, const struct kd_index_params *p)
         return kd_fail(-EINVAL, "unknown metric");
     if (p->m < 2 || p->m > 256)
         return kd_fail(-EINVAL, "m must be between 2 and 256, got %u", p->m);
-    if (p->quantization != KD_Q_1BIT)
+    if (!valid_quantization((uint32_t)p->quantization))
         return kd_fail(-EINVAL, "unsupported quantization");
     struct kd_index *ix = calloc(1, sizeof *ix);
     if (!ix)
@@ -592,7 +600,6 @@ static int index_alloc(struct kd_index **out, const struct kd_index_params *p)
     ix->record_bytes = p->dim * 4;
     ix->record_stride = record_stride_for(p->dim);
     ix->kern = kd_kernels();
-    ix->estimate = kd_estimator();
     pthread_rwlockattr_t attr;
     pthread_rwlockattr_init(&attr);
     pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
@@ -615,11 +622,13 @@ int kd_index_create(struct kd_index **out, const struct kd_index_params *p)
     int err = index_alloc(&ix, p);
     if (err)
         return err;
-    err = kd_quant_init(&ix->quant, p->dim, p->metric, 1, NULL, NULL, p->seed);
+    err = kd_quant_init(&ix->quant, (uint32_t)p->quantization, p->dim, p->metric, 1, NULL,
+                        NULL, p->seed);
     if (err) {
         kd_index_free(ix);
         return err;
     }
+    ix->estimate = kd_estimator(&ix->quant);
     *out = ix;
     return 0;
 }
@@ -976,6 +985,10 @@ int kd_index_save(struct kd_index *ix, struct kd_writer *w)
     if (!err)
         err = kd_cw_write(&cw, ix->quant.signs, kd_quant_signs_bytes(&ix->quant));
     if (!err)
+        err = kd_cw_write(&cw, ix->quant.sq_lo, ix->p.dim * sizeof(float));
+    if (!err)
+        err = kd_cw_write(&cw, ix->quant.sq_step, ix->p.dim * sizeof(float));
+    if (!err)
         err = kd_cw_section_end(&cw);
     if (!err)
         err = write_section(&cw, KD_SEC_IDS, ix->ids, n * sizeof(int64_t));
@@ -1020,7 +1033,7 @@ int kd_index_save_path(struct kd_index *ix, const char *path)
 struct parsed {
     struct kd_container c;
     struct kd_meta meta;
-    const float *centres;
+    const float *centres, *sq_lo, *sq_step;
     const uint8_t *signs;
     const struct kd_section *ids, *deleted, *codes, *levels, *level0, *upper, *vectors;
 };
@@ -1054,20 +1067,26 @@ static int parse_index(struct parsed *p, const uint8_t *base, uint64_t size, int
     memcpy(&p->meta, base + meta->offset, sizeof p->meta);
     const struct kd_meta *m = &p->meta;
     struct kd_quant probe = {0};
-    if (m->dim == 0 || m->dim > (1u << 20) || m->metric > KD_COSINE || m->quantization != KD_Q_1BIT ||
-        m->m < 2 || m->m > 256 || m->m0 != 2 * m->m || m->pdim != kd_quant_padded_dim(m->dim) ||
-        m->code_size != m->pdim / 8 + sizeof(struct kd_code_tail) ||
+    if (m->dim == 0 || m->dim > (1u << 20) || m->metric > KD_COSINE ||
+        !valid_quantization(m->quantization) || m->m < 2 || m->m > 256 || m->m0 != 2 * m->m ||
+        m->pdim != kd_quant_padded_dim(m->dim) ||
+        m->code_size != (m->quantization == KD_Q_1BIT
+                             ? m->pdim / 8 + sizeof(struct kd_code_tail)
+                             : (m->dim * m->quantization + 7) / 8) ||
         m->record_bytes != m->dim * 4 || m->record_stride < m->record_bytes ||
         m->count >= UINT32_MAX || m->live > m->count || m->max_level > KD_MAX_LEVEL ||
         (m->count && m->entry >= m->count) || (!m->count && m->max_level != -1) ||
         m->ncentres < 1 || m->ncentres > KD_MAX_CENTRES)
         return kd_fail(-EINVAL, "index metadata is inconsistent");
     probe.pdim = m->pdim;
-    size_t extra = (size_t)m->ncentres * m->dim * sizeof(float) + kd_quant_signs_bytes(&probe);
+    size_t extra = ((size_t)m->ncentres + 2) * m->dim * sizeof(float) +
+                   kd_quant_signs_bytes(&probe);
     if (meta->length != sizeof *m + extra)
         return kd_fail(-EINVAL, "index metadata has the wrong size");
     p->centres = (const float *)(base + meta->offset + sizeof *m);
     p->signs = base + meta->offset + sizeof *m + (size_t)m->ncentres * m->dim * sizeof(float);
+    p->sq_lo = (const float *)(p->signs + kd_quant_signs_bytes(&probe));
+    p->sq_step = p->sq_lo + m->dim;
     uint64_t n = m->count;
     if (p->ids->length != n * 8 || p->deleted->length != n || p->codes->length != n * m->code_size ||
         p->levels->length != n || p->level0->length != n * (1 + m->m0) * 4 ||
@@ -1113,9 +1132,11 @@ static int index_from_parsed(struct kd_index **out, const struct parsed *p)
     int err = index_alloc(&ix, &params);
     if (err)
         return err;
-    if ((err = kd_quant_init(&ix->quant, m->dim, (int)m->metric, m->ncentres, p->centres,
-                             p->signs, 0)))
+    if ((err = kd_quant_init(&ix->quant, m->quantization, m->dim, (int)m->metric, m->ncentres,
+                             p->centres, p->signs, 0)))
         goto fail;
+    kd_quant_set_ranges(&ix->quant, p->sq_lo, p->sq_step);
+    ix->estimate = kd_estimator(&ix->quant);
     ix->record_stride = m->record_stride;
     ix->trained = 1;
     ix->count = ix->cap = m->count;

@@ -18,7 +18,8 @@
 #include "storage.h"
 #include "vecio.h"
 
-enum kd_quantization { KD_Q_1BIT = 1 };
+/* The code width in bits names the quantization. */
+enum kd_quantization { KD_Q_1BIT = 1, KD_Q_4BIT = 4, KD_Q_8BIT = 8 };
 
 struct kd_index_params {
     uint32_t dim;

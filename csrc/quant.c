@@ -57,19 +57,29 @@ static int alloc_centres(struct kd_quant *q, uint32_t C)
     return 0;
 }
 
-int kd_quant_init(struct kd_quant *q, uint32_t dim, int metric, uint32_t ncentres,
-                  const float *centres, const uint8_t *signs, uint64_t seed)
+int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t dim, int metric,
+                  uint32_t ncentres, const float *centres, const uint8_t *signs,
+                  uint64_t seed)
 {
     memset(q, 0, sizeof *q);
+    if (bits != 1 && bits != 4 && bits != 8)
+        return kd_fail(-EINVAL, "unsupported code width %u bits", bits);
+    if (ncentres < 1 || ncentres > KD_MAX_CENTRES)
+        return kd_fail(-EINVAL, "bad number of quantizer centres %u", ncentres);
+    q->bits = bits;
     q->dim = dim;
     q->pdim = kd_quant_padded_dim(dim);
-    q->code_size = q->pdim / 8 + (uint32_t)sizeof(struct kd_code_tail);
+    q->code_size = bits == 1 ? q->pdim / 8 + (uint32_t)sizeof(struct kd_code_tail)
+                             : (dim * bits + 7) / 8;
     q->metric = metric;
     q->mean = calloc(dim, sizeof(float));
     q->signs = malloc(kd_quant_signs_bytes(q));
-    if (ncentres < 1 || ncentres > KD_MAX_CENTRES)
-        return kd_fail(-EINVAL, "bad number of quantizer centres %u", ncentres);
-    if (!q->mean || !q->signs || alloc_centres(q, ncentres)) {
+    q->sq_lo = calloc(dim, sizeof(float));
+    q->sq_step = malloc(dim * sizeof(float));
+    if (q->sq_step)
+        for (uint32_t i = 0; i < dim; i++)
+            q->sq_step[i] = 1.0f;
+    if (!q->mean || !q->signs || !q->sq_lo || !q->sq_step || alloc_centres(q, ncentres)) {
         kd_quant_free(q);
         return kd_fail(-ENOMEM, "out of memory for the quantizer");
     }
@@ -100,10 +110,37 @@ static uint32_t nearest_centre(const struct kd_quant *q, const float *x)
     return best;
 }
 
+void kd_quant_set_ranges(struct kd_quant *q, const float *lo, const float *step)
+{
+    memcpy(q->sq_lo, lo, q->dim * sizeof(float));
+    memcpy(q->sq_step, step, q->dim * sizeof(float));
+}
+
+/* Per-dimension range of the sample, split into 2^bits - 1 steps. */
+static void train_ranges(struct kd_quant *q, const float *x, size_t n)
+{
+    uint32_t d = q->dim;
+    float levels = (float)((1u << q->bits) - 1);
+    for (uint32_t i = 0; i < d; i++) {
+        float lo = x[i], hi = x[i];
+        for (size_t r = 1; r < n; r++) {
+            float v = x[r * d + i];
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+        q->sq_lo[i] = lo;
+        q->sq_step[i] = hi > lo ? (hi - lo) / levels : 1.0f;
+    }
+}
+
 int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed)
 {
     if (n == 0)
         return 0;
+    if (q->bits != 1) {
+        train_ranges(q, x, n);
+        return 0;
+    }
     uint32_t d = q->dim;
     uint32_t C = (uint32_t)(n / 256);
     C = C < 1 ? 1 : (C > KD_MAX_CENTRES ? KD_MAX_CENTRES : C);
@@ -154,6 +191,8 @@ void kd_quant_free(struct kd_quant *q)
     free(q->mean);
     free(q->rot_centres);
     free(q->signs);
+    free(q->sq_lo);
+    free(q->sq_step);
     memset(q, 0, sizeof *q);
 }
 
@@ -197,8 +236,26 @@ static void rotate(const struct kd_quant *q, float *x)
     }
 }
 
+static void encode_scalar(const struct kd_quant *q, const float *x, uint8_t *code)
+{
+    int levels = (1 << q->bits) - 1;
+    memset(code, 0, q->code_size);
+    for (uint32_t i = 0; i < q->dim; i++) {
+        int u = (int)lrintf((x[i] - q->sq_lo[i]) / q->sq_step[i]);
+        u = u < 0 ? 0 : (u > levels ? levels : u);
+        if (q->bits == 8)
+            code[i] = (uint8_t)u;
+        else
+            code[i / 2] |= (uint8_t)(u << (4 * (i & 1)));
+    }
+}
+
 void kd_quant_encode(const struct kd_quant *q, const float *x, uint8_t *code, float *work)
 {
+    if (q->bits != 1) {
+        encode_scalar(q, x, code);
+        return;
+    }
     struct kd_code_tail t;
     uint32_t j = nearest_centre(q, x);
     const float *c = q->centres + (size_t)j * q->dim;
@@ -246,7 +303,8 @@ int kd_qcode_alloc(struct kd_qcode *qc, const struct kd_quant *q)
     qc->work = malloc(q->pdim * sizeof(float));
     qc->norm_sq = malloc(KD_MAX_CENTRES * sizeof(float));
     qc->dot_c = malloc(KD_MAX_CENTRES * sizeof(float));
-    if (!qc->planes || !qc->work || !qc->norm_sq || !qc->dot_c) {
+    qc->sq = malloc(2 * (size_t)q->dim * sizeof(float));
+    if (!qc->planes || !qc->work || !qc->norm_sq || !qc->dot_c || !qc->sq) {
         kd_qcode_free(qc);
         return kd_fail(-ENOMEM, "out of memory for a query code");
     }
@@ -259,11 +317,30 @@ void kd_qcode_free(struct kd_qcode *qc)
     free(qc->work);
     free(qc->norm_sq);
     free(qc->dot_c);
+    free(qc->sq);
     memset(qc, 0, sizeof *qc);
+}
+
+/* Scalar codes: l2 = sum (a_i - step_i u_i)^2 with a = x - lo; inner product
+ * = const + sum b_i u_i with b = x * step. */
+static void prepare_scalar(const struct kd_quant *q, const float *x, struct kd_qcode *qc)
+{
+    float *a = qc->sq, *b = qc->sq + q->dim;
+    double c = 0;
+    for (uint32_t i = 0; i < q->dim; i++) {
+        a[i] = x[i] - q->sq_lo[i];
+        b[i] = x[i] * q->sq_step[i];
+        c += (double)x[i] * q->sq_lo[i];
+    }
+    qc->sq_const = (float)c;
 }
 
 void kd_qcode_prepare(const struct kd_quant *q, const float *x, struct kd_qcode *qc)
 {
+    if (q->bits != 1) {
+        prepare_scalar(q, x, qc);
+        return;
+    }
     float *v = qc->work;
     float xx = kd_kernels()->dot(x, x, q->dim);
     for (uint32_t j = 0; j < q->ncentres; j++) {
@@ -343,6 +420,56 @@ static void estimate_popcnt(const struct kd_quant *q, const struct kd_qcode *qc,
 }
 #endif
 
+#define SCALAR_BODY(LEVEL)                                                          \
+    uint32_t d = q->dim;                                                            \
+    const float *a = qc->sq, *b = qc->sq + d, *step = q->sq_step;                   \
+    for (size_t r = 0; r < n; r++) {                                                \
+        const uint8_t *code = codes + (size_t)rows[r] * q->code_size;              \
+        float s = 0;                                                                \
+        if (q->metric == KD_L2) {                                                   \
+            for (uint32_t i = 0; i < d; i++) {                                      \
+                float t = a[i] - step[i] * (float)(LEVEL);                          \
+                s += t * t;                                                         \
+            }                                                                       \
+            out[r] = s;                                                             \
+        } else {                                                                    \
+            for (uint32_t i = 0; i < d; i++)                                        \
+                s += b[i] * (float)(LEVEL);                                         \
+            out[r] = -(s + qc->sq_const);                                           \
+        }                                                                           \
+    }
+
+#define LEVEL8 code[i]
+#define LEVEL4 ((code[i / 2] >> (4 * (i & 1))) & 15)
+
+static void estimate_sq8(const struct kd_quant *q, const struct kd_qcode *qc,
+                         const uint8_t *codes, const uint32_t *rows, size_t n, float *out)
+{
+    SCALAR_BODY(LEVEL8)
+}
+
+static void estimate_sq4(const struct kd_quant *q, const struct kd_qcode *qc,
+                         const uint8_t *codes, const uint32_t *rows, size_t n, float *out)
+{
+    SCALAR_BODY(LEVEL4)
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma")))
+static void estimate_sq8_avx2(const struct kd_quant *q, const struct kd_qcode *qc,
+                              const uint8_t *codes, const uint32_t *rows, size_t n, float *out)
+{
+    SCALAR_BODY(LEVEL8)
+}
+
+__attribute__((target("avx2,fma")))
+static void estimate_sq4_avx2(const struct kd_quant *q, const struct kd_qcode *qc,
+                              const uint8_t *codes, const uint32_t *rows, size_t n, float *out)
+{
+    SCALAR_BODY(LEVEL4)
+}
+#endif
+
 kd_estimate_fn kd_estimator_named(const char *name)
 {
     if (strcmp(name, "scalar") == 0)
@@ -355,8 +482,16 @@ kd_estimate_fn kd_estimator_named(const char *name)
     return NULL;
 }
 
-kd_estimate_fn kd_estimator(void)
+kd_estimate_fn kd_estimator(const struct kd_quant *q)
 {
+    if (q->bits != 1) {
+#if defined(__x86_64__)
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+            return q->bits == 8 ? estimate_sq8_avx2 : estimate_sq4_avx2;
+#endif
+        return q->bits == 8 ? estimate_sq8 : estimate_sq4;
+    }
     kd_estimate_fn f = kd_estimator_named("popcnt");
     return f ? f : estimate_scalar;
 }

@@ -11,6 +11,9 @@
  *   <o-c, q-c> ~= |o-c|^2 / sum|P(o-c)| * (<s, P(q-g)> - <s, P(c-g)>)
  *
  * where the last term is stored per vector.
+ *
+ * The 4- and 8-bit options are per-dimension scalar codes (min/max learnt on
+ * a sample), estimated against the float query: slower, closer estimates.
  */
 #ifndef KD_QUANT_H
 #define KD_QUANT_H
@@ -36,6 +39,7 @@ struct kd_code_tail {
 #define KD_MAX_CENTRES 64
 
 struct kd_quant {
+    uint32_t bits;        /* 1, 4 or 8 */
     uint32_t dim;         /* input dims */
     uint32_t pdim;        /* padded dims, a multiple of 64 */
     uint32_t code_size;   /* pdim/8 + sizeof(struct kd_code_tail) */
@@ -46,6 +50,8 @@ struct kd_quant {
     float *mean;          /* g: mean of the centres, dim */
     float *rot_centres;   /* P(c-g), ncentres x pdim */
     uint8_t *signs;       /* KD_ROT_ROUNDS * 2 * pdim bytes, each 0 or 1 */
+    float *sq_lo;         /* scalar codes: value = lo + step * level, dim each */
+    float *sq_step;
 };
 
 /* Query prepared for estimates against codes. */
@@ -56,14 +62,19 @@ struct kd_qcode {
     float *norm_sq;       /* |q-c|^2 per centre */
     float *dot_c;         /* <q, c> per centre */
     float *work;          /* pdim floats of scratch */
+    float *sq;            /* scalar codes: 2 * dim per-query factors */
+    float sq_const;
 };
 
 uint32_t kd_quant_padded_dim(uint32_t dim);
 
 /* Set up a quantizer; centres NULL means one zero centre, signs NULL draws
  * the rotation from seed. */
-int kd_quant_init(struct kd_quant *q, uint32_t dim, int metric, uint32_t ncentres,
-                  const float *centres, const uint8_t *signs, uint64_t seed);
+int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t dim, int metric,
+                  uint32_t ncentres, const float *centres, const uint8_t *signs,
+                  uint64_t seed);
+/* Scalar-code ranges (dim floats each), when restoring a saved quantizer. */
+void kd_quant_set_ranges(struct kd_quant *q, const float *lo, const float *step);
 /* Fit the centres by k-means to x (n rows, already normalized for cosine). */
 int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed);
 void kd_quant_free(struct kd_quant *q);
@@ -82,7 +93,9 @@ void kd_qcode_prepare(const struct kd_quant *q, const float *x, struct kd_qcode 
 typedef void (*kd_estimate_fn)(const struct kd_quant *q, const struct kd_qcode *qc,
                                const uint8_t *codes, const uint32_t *rows, size_t n,
                                float *out);
-kd_estimate_fn kd_estimator(void);
-kd_estimate_fn kd_estimator_named(const char *name);   /* "scalar" or "popcnt" */
+/* The estimator for q's code type, SIMD where the CPU has it. */
+kd_estimate_fn kd_estimator(const struct kd_quant *q);
+/* A named 1-bit variant, "scalar" or "popcnt" (tests). */
+kd_estimate_fn kd_estimator_named(const char *name);
 
 #endif

@@ -7,9 +7,7 @@
  * io_uring (one ring per calling thread, at most io_depth in flight), a pool
  * of threads doing pread, or a plain pread loop. mmap copies from a mapping. */
 #ifndef _GNU_SOURCE
-#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
-#endif
 #endif
 #include "vecio.h"
 #include "common.h"
@@ -374,14 +372,12 @@ static void ctx_destroy(struct kd_ctx *x)
     free(x);
 }
 
-#ifdef KD_HAVE_LIBURING
-/* Environment switch for tests: pretend io_uring is unavailable. */
-static int uring_disabled_by_env(void)
+/* Environment switches for tests: pretend a kernel feature is unavailable. */
+static int disabled_by_env(const char *name)
 {
-    const char *e = getenv("KNNDIRECT_DISABLE_IO_URING");
+    const char *e = getenv(name);
     return e && e[0] && strcmp(e, "0") != 0;
 }
-#endif
 
 static int ctx_new(struct kd_vecio *v, struct kd_ctx **out)
 {
@@ -807,7 +803,7 @@ static int validate_config(const struct kd_vecio_config *cfg)
 static int open_file(struct kd_vecio *v, int want_direct)
 {
     v->direct = 0;
-    if (want_direct) {
+    if (want_direct && !disabled_by_env("KNNDIRECT_DISABLE_DIRECT_IO")) {
         v->fd = open(v->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
         if (v->fd >= 0) {
             v->direct = 1;
@@ -884,7 +880,7 @@ static int select_backend(struct kd_vecio *v, int asked)
     int err;
     char why[KD_ERRMSG_LEN];
 #ifdef KD_HAVE_LIBURING
-    if (uring_disabled_by_env()) {
+    if (disabled_by_env("KNNDIRECT_DISABLE_IO_URING")) {
         err = -ENOSYS;
         snprintf(why, sizeof why, "disabled by KNNDIRECT_DISABLE_IO_URING");
     } else {

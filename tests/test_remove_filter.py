@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import knndirect as kd
-from conftest import (METRICS, assert_exact_match, brute_force, build,
+from conftest import (METRICS, assert_exact_match, brute_force, build, clustered,
                       missing_value, open_quiet, recall_at_k, same_bytes,
                       split)
 
@@ -91,7 +91,8 @@ def test_remove_accepts_int_list_array_scalar_like(fresh):
 def test_removed_id_can_be_added_again(fresh, data):
     base, queries = data
     fresh.remove([42])
-    new = (base[42] + 3.0).astype(np.float32)
+    # a new vector from the same distribution (not an outlier)
+    new = clustered(N + NQ + 1, D_, seed=9000)[-1]
     fresh.add(new[None, :], ids=[42])
     assert len(fresh) == N
     assert same_bytes(fresh.get_vectors([42]), new[None, :])
@@ -99,10 +100,20 @@ def test_removed_id_can_be_added_again(fresh, data):
     assert I[0] == 42 and D[0] == pytest.approx(0.0, abs=1e-4)
     D, I = fresh.search(new, 1)
     assert I[0] == 42
-    # and it is found for the old location no more than any other vector
+    # the old vector is gone: exact search around it sees the new one only
     D, I = fresh.search(base[42], 5, exact=True)
     assert_exact_match(D[None], I[None], np.vstack([np.delete(base, 42, 0), new[None]]),
                        base[42:43], "l2", ids=np.append(np.delete(np.arange(N), 42), 42))
+
+
+def test_vectors_added_after_build_are_found(fresh, data):
+    base, queries = data
+    new = clustered(N + NQ + 60, D_, seed=9000)[-60:]
+    fresh.add(new, ids=np.arange(10 ** 6, 10 ** 6 + 60))
+    D, I = fresh.search(new, 1)
+    assert (I[:, 0] == np.arange(10 ** 6, 10 ** 6 + 60)).mean() >= 0.95
+    D, I = fresh.search(new, 1, exact=True)
+    np.testing.assert_array_equal(I[:, 0], np.arange(10 ** 6, 10 ** 6 + 60))
 
 
 def test_remove_everything(fresh, data):

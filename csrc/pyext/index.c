@@ -427,7 +427,7 @@ static PyObject *Index_info(KdIndexObject *self, PyObject *unused)
     SET(d, "metric", PyUnicode_FromString(metrics[in.params.metric]));
     SET(d, "count", PyLong_FromUnsignedLongLong(in.count));
     SET(d, "slots", PyLong_FromUnsignedLongLong(in.slots));
-    SET(d, "quantization", PyUnicode_FromString("1bit"));
+    SET(d, "quantization", PyUnicode_FromFormat("%dbit", in.params.quantization));
     SET(d, "m", PyLong_FromUnsignedLong(in.params.m));
     SET(d, "ef_construction", PyLong_FromUnsignedLong(in.params.ef_construction));
     SET(d, "seed", PyLong_FromUnsignedLongLong(in.params.seed));

@@ -14,7 +14,7 @@ import numpy as np
 from . import _core
 
 METRICS = {"l2": 0, "ip": 1, "cosine": 2}
-QUANTIZATIONS = {"1bit": 1}
+QUANTIZATIONS = {"1bit": 1, "4bit": 4, "8bit": 8}
 IO_BACKENDS = {
     "auto": _core.IO_AUTO,
     "io_uring": _core.IO_URING,
@@ -37,6 +37,7 @@ FALLBACK_WARNINGS = {
 # Adds larger than this are fed to the core in chunks, so that progress is
 # reported and Ctrl-C lands between chunks.
 ADD_CHUNK = 20000
+PROGRESS_CHUNK = 1000
 
 
 def features() -> dict:
@@ -118,8 +119,10 @@ class Index:
         Graph degree (level 0 keeps 2*m neighbours).
     ef_construction : int
         Beam width while building.
-    quantization : {"1bit"}
-        Code used for the in-RAM graph search.
+    quantization : {"1bit", "4bit", "8bit"}
+        Code used for the in-RAM graph search: 1-bit codes with corrections
+        (smallest), or 4/8-bit scalar codes (closer estimates, smaller
+        default oversample).
     seed : int
         Seeds the rotation and the level draws.
     """
@@ -203,7 +206,7 @@ class Index:
             raise ValueError("ids contain a duplicate id")
         if len(self._core) == 0:
             self._core.train(x)
-        chunk = max(ADD_CHUNK, n // 100)
+        chunk = max(PROGRESS_CHUNK if report else ADD_CHUNK, n // 100)
         try:
             for start in range(0, n, chunk):
                 end = min(n, start + chunk)
