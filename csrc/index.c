@@ -88,7 +88,7 @@ double kd_default_oversample(int quantization, uint32_t dim)
     if (quantization == KD_Q_8BIT)
         return 2.0;
     if (quantization == KD_Q_4BIT)
-        return 3.0;
+        return 5.0;
     /* 1-bit estimates are noisier in few dims (fewer bits per vector). */
     return dim <= 256 ? 10.0 : 5.0;
 }
