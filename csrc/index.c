@@ -677,7 +677,7 @@ int kd_index_train(struct kd_index *ix, const float *x, size_t n)
     if (err)
         return err;
     uint32_t d = ix->p.dim;
-    size_t want = (size_t)KD_MAX_CENTRES * 256, m = n < want ? n : want, step = n / m;
+    size_t want = (size_t)KD_MAX_CENTRES * 64, m = n < want ? n : want, step = n / m;
     float *sample = malloc(m * d * sizeof(float));
     if (!sample)
         return kd_fail(-ENOMEM, "out of memory training the quantizer");

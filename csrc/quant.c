@@ -142,9 +142,9 @@ int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed)
         return 0;
     }
     uint32_t d = q->dim;
-    uint32_t C = (uint32_t)(n / 256);
+    uint32_t C = (uint32_t)(n / 64);
     C = C < 1 ? 1 : (C > KD_MAX_CENTRES ? KD_MAX_CENTRES : C);
-    size_t sample = n < (size_t)C * 256 ? n : (size_t)C * 256;
+    size_t sample = n < (size_t)C * 64 ? n : (size_t)C * 64;
     size_t step = n / sample;
     double *sum = calloc((size_t)C * d, sizeof(double));
     size_t *members = calloc(C, sizeof(size_t));

@@ -36,7 +36,7 @@ struct kd_code_tail {
     uint16_t centre;  /* index of c */
 };
 
-#define KD_MAX_CENTRES 64
+#define KD_MAX_CENTRES 256
 
 struct kd_quant {
     uint32_t bits;        /* 1, 4 or 8 */

@@ -346,3 +346,41 @@ def test_corrupted_header_detected(small_blob):
         bad[i] ^= 0xFF
     with pytest.raises(ValueError):
         kd.load(bytes(bad))
+
+
+def _verify_fails(make):
+    """True when building the index raises ValueError, or its verify()
+    reports the damage (False or ValueError)."""
+    try:
+        idx = make()
+    except ValueError:
+        return True
+    try:
+        return idx.verify() is False
+    except ValueError:
+        return True
+    finally:
+        idx.close()
+
+
+def test_verify_detects_damaged_vector(tmp_path):
+    base, _ = split(300, 1, 128, seed=37)
+    idx = build(base, "l2")
+    assert idx.verify() is True
+    blob = bytearray(idx.to_bytes())
+    idx.close()
+    off = bytes(blob).find(base[5].tobytes())
+    assert off >= 0
+    blob[off + 17] ^= 0x40  # one bit of one stored float
+    p = tmp_path / "dmg.kdx"
+    p.write_bytes(bytes(blob))
+    good = tmp_path / "good.kdx"
+    idx = build(base, "l2")
+    idx.save(good)
+    idx.close()
+    for opener in (kd.load, open_quiet):
+        g = opener(good)
+        assert g.verify() is True
+        g.close()
+    assert _verify_fails(lambda: kd.load(bytes(blob)))
+    assert _verify_fails(lambda: open_quiet(p))
