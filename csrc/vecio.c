@@ -10,6 +10,8 @@
 #define _GNU_SOURCE
 #endif
 #include "vecio.h"
+
+#include <sys/vfs.h>
 #include "common.h"
 
 #include <errno.h>
@@ -798,12 +800,20 @@ static int validate_config(const struct kd_vecio_config *cfg)
     return 0;
 }
 
+/* tmpfs holds files in the page cache itself: O_DIRECT there (accepted since
+ * Linux 6.6) only adds alignment padding to each read. */
+static int memory_backed(const char *path)
+{
+    struct statfs sf;
+    return statfs(path, &sf) == 0 && sf.f_type == 0x01021994; /* TMPFS_MAGIC */
+}
+
 /* Open v->path; on O_DIRECT refusal (tmpfs, some overlayfs) fall back to
  * buffered reads with read-ahead off. */
 static int open_file(struct kd_vecio *v, int want_direct)
 {
     v->direct = 0;
-    if (want_direct && !disabled_by_env("KNNDIRECT_DISABLE_DIRECT_IO")) {
+    if (want_direct && !disabled_by_env("KNNDIRECT_DISABLE_DIRECT_IO") && !memory_backed(v->path)) {
         v->fd = open(v->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
         if (v->fd >= 0) {
             v->direct = 1;

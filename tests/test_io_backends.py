@@ -183,6 +183,22 @@ def test_tmpfs_io_uring_falls_back_to_buffered(saved, shm_copy):
         idx.close()
 
 
+@pytest.mark.parametrize("backend", ["auto", "threads"])
+def test_forced_direct_io_refusal_falls_back(saved, monkeypatch, backend):
+    """The test-only switch makes the O_DIRECT open fail as on a filesystem
+    without it: reads go buffered, with a warning and a note in info()."""
+    monkeypatch.setenv("KNNDIRECT_DISABLE_DIRECT_IO", "1")
+    with pytest.warns(RuntimeWarning, match="O_DIRECT"):
+        idx = kd.open(saved[2], io_backend=backend, direct_io=True)
+    try:
+        info = idx.info()
+        assert info["direct_io"] is False
+        assert info["fallbacks"] == ["no_direct_io"]
+        _check_results(idx, saved)
+    finally:
+        idx.close()
+
+
 def test_tmpfs_buffered_requested_no_warning(saved, shm_copy):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
