@@ -3,6 +3,8 @@
 #endif
 #include "common.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,3 +55,23 @@ void *kd_alloc_aligned(size_t alignment, size_t size)
 }
 
 void kd_free_aligned(void *p) { free(p); }
+
+void kd_run_workers(void *(*fn)(void *), void *arg, unsigned threads)
+{
+    pthread_t t[256];
+    unsigned started = 0;
+    if (threads > 256)
+        threads = 256;
+    if (threads > 1) {
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        for (; started + 1 < threads; started++)
+            if (pthread_create(&t[started], NULL, fn, arg) != 0)
+                break;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    }
+    fn(arg);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(t[i], NULL);
+}

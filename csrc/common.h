@@ -23,6 +23,10 @@ static inline uint64_t kd_round_up(uint64_t x, uint64_t a) { return (x + a - 1) 
 uint64_t kd_now_ns(void);
 unsigned kd_cpu_count(void);
 
+/* Run fn(arg) on `threads` threads, the caller being one of them, and wait
+ * for all. The extra threads block signals so Python's main thread gets them. */
+void kd_run_workers(void *(*fn)(void *), void *arg, unsigned threads);
+
 /* Aligned allocation; returns NULL on failure. Free with kd_free_aligned. */
 void *kd_alloc_aligned(size_t alignment, size_t size);
 void kd_free_aligned(void *p);

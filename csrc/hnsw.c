@@ -506,18 +506,6 @@ int kd_graph_insert_range(struct kd_graph *g, uint64_t first, uint64_t last,
     }
     if (threads > last - c.next)
         threads = (unsigned)(last - c.next);
-    if (threads <= 1) {
-        insert_worker(&c);
-    } else {
-        pthread_t *t = malloc(threads * sizeof *t);
-        unsigned started = 0;
-        for (; t && started < threads - 1; started++)
-            if (pthread_create(&t[started], NULL, insert_worker, &c) != 0)
-                break;
-        insert_worker(&c);
-        for (unsigned i = 0; i < started; i++)
-            pthread_join(t[i], NULL);
-        free(t);
-    }
+    kd_run_workers(insert_worker, &c, threads);
     return c.err;
 }

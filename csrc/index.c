@@ -559,15 +559,7 @@ int kd_index_search(struct kd_index *ix, const float *q, size_t nq,
         unsigned threads = resolve_threads(sp->threads);
         if (threads > nq)
             threads = (unsigned)nq;
-        pthread_t *t = threads > 1 ? malloc(threads * sizeof *t) : NULL;
-        unsigned started = 0;
-        for (; t && started + 1 < threads; started++)
-            if (pthread_create(&t[started], NULL, batch_worker, &b) != 0)
-                break;
-        batch_worker(&b);
-        for (unsigned i = 0; i < started; i++)
-            pthread_join(t[i], NULL);
-        free(t);
+        kd_run_workers(batch_worker, &b, threads);
         if (b.err) {
             err = b.err;
             kd_set_error_text(b.errmsg);
@@ -764,20 +756,6 @@ static void *encode_worker(void *arg)
     return NULL;
 }
 
-static void run_workers(void *(*fn)(void *), void *arg, unsigned threads)
-{
-    pthread_t t[256];
-    unsigned started = 0;
-    if (threads > 256)
-        threads = 256;
-    for (; started + 1 < threads; started++)
-        if (pthread_create(&t[started], NULL, fn, arg) != 0)
-            break;
-    fn(arg);
-    for (unsigned i = 0; i < started; i++)
-        pthread_join(t[i], NULL);
-}
-
 static float oracle_pair(void *p, uint32_t a, uint32_t b)
 {
     const struct kd_index *ix = p;
@@ -832,7 +810,7 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
     memcpy(ix->vectors + first * ix->p.dim, x, n * ix->p.dim * sizeof(float));
     memset(ix->deleted + first, 0, n);
     struct encode_job job = {ix, first, last, first};
-    run_workers(encode_worker, &job, resolve_threads(threads));
+    kd_run_workers(encode_worker, &job, resolve_threads(threads));
     if ((err = kd_graph_prepare(&ix->graph, first, last, ix->p.seed)))
         goto out;
     struct kd_build_oracle o = {oracle_pair, oracle_from, ix};
