@@ -6,6 +6,7 @@ parallel O_DIRECT reads (io_uring, or a thread pool) straight into a NumPy
 buffer, with the GIL released throughout.
 """
 from ._index import Index, load, open, features
+from . import datasets
 
-__all__ = ["Index", "load", "open", "features"]
+__all__ = ["Index", "load", "open", "features", "datasets"]
 __version__ = "0.1.0"

@@ -1,7 +1,233 @@
-"""Synthetic data and exact ground truth, for the demo, tests and benchmarks."""
+"""Vector files, synthetic data and exact ground truth.
+
+Loaders (memory-mapped where the layout allows, so a file larger than RAM
+costs only the pages you touch):
+
+- ``read_vectors(path)``: ``.npy``, ``.fvecs`` (float32), ``.ivecs`` (int32),
+  ``.bvecs`` (uint8), ``.hdf5`` / ``.h5`` (the "train" dataset).
+- ``read_ann_hdf5(path)``: the ann-benchmarks HDF5 layout, as
+  ``(train, test, neighbors)``. Needs ``h5py`` (``pip install knndirect[hdf5]``).
+- ``write_fvecs``, ``write_ivecs``, ``write_bvecs``: the matching writers.
+
+Synthetic data and evaluation: ``clustered``, ``ground_truth``, ``recall_at_k``.
+"""
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+__all__ = ["read_vectors", "read_ann_hdf5", "ann_hdf5_metric", "write_fvecs", "write_ivecs",
+           "write_bvecs", "clustered", "ground_truth", "recall_at_k"]
+
+# The *vecs formats: each record is a little-endian int32 dim, then dim values.
+_VECS_DTYPES = {".fvecs": np.dtype("<f4"), ".ivecs": np.dtype("<i4"), ".bvecs": np.dtype("u1")}
+_HDF5_EXTS = (".hdf5", ".h5")
+# How many records read_vectors samples to check that every record's dim agrees.
+_DIM_SAMPLES = 1024
+# Records per write in the *vecs writers (bounds the temporary buffer).
+_WRITE_ROWS = 65536
+
+
+def read_vectors(path, *, mmap=True):
+    """Read a vector file, dispatching on its extension.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        ``.npy`` (any dtype and shape, as saved), ``.fvecs`` (float32),
+        ``.ivecs`` (int32), ``.bvecs`` (uint8), or ``.hdf5`` / ``.h5``
+        (the "train" dataset, as in the ann-benchmarks layout).
+    mmap : bool
+        True (default): return a read-only memory-mapped view where the
+        layout allows (``.npy``; ``*vecs``, as a row-strided view that skips
+        each record's dim field; HDF5 datasets stored contiguous and
+        uncompressed). False: read everything into a new C-contiguous array.
+
+    Returns
+    -------
+    numpy.ndarray
+        For ``*vecs`` and HDF5, shape (n, dim) with dtype float32 (fvecs),
+        int32 (ivecs), uint8 (bvecs) or as stored (HDF5). For ``.npy``, the
+        saved array. A memory-mapped result is not C-contiguous for ``*vecs``;
+        ``Index.add`` converts it in chunks.
+
+    Raises
+    ------
+    ValueError
+        Unknown extension, or a ``*vecs`` file that is truncated or whose
+        records disagree on dim (the message names the file).
+    ImportError
+        HDF5 without h5py installed.
+    """
+    path = os.fspath(path)
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".npy":
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    if ext in _VECS_DTYPES:
+        return _read_vecs(path, _VECS_DTYPES[ext], mmap)
+    if ext in _HDF5_EXTS:
+        h5py = _import_h5py()
+        with h5py.File(path, "r") as f:
+            if "train" not in f:
+                raise ValueError(f"{path} has no 'train' dataset (found: {sorted(f.keys())})")
+            return _hdf5_array(path, f["train"], mmap)
+    raise ValueError(f"{path}: unknown vector file extension {ext!r}; expected .npy, .fvecs, "
+                     f".ivecs, .bvecs, .hdf5 or .h5")
+
+
+def _read_vecs(path, dtype, mmap):
+    size = os.path.getsize(path)
+    if size == 0:
+        return np.zeros((0, 0), dtype=dtype)
+    if size < 4:
+        raise ValueError(f"{path} is truncated: {size} bytes, shorter than one dim field")
+    with open(path, "rb") as f:
+        dim = int(np.frombuffer(f.read(4), dtype="<i4")[0])
+    if dim <= 0:
+        raise ValueError(f"{path}: first record has dim {dim}; not a {_vecs_name(dtype)} file")
+    record = 4 + dim * dtype.itemsize
+    if size % record:
+        raise ValueError(
+            f"{path}: size {size} bytes is not a whole number of {record}-byte records for "
+            f"dim {dim}; the file is truncated or its records disagree on dim")
+    n = size // record
+    # The file as (n, record) bytes; dims and values are views into it.
+    raw = np.memmap(path, dtype=np.uint8, mode="r", shape=(n, record))
+    sample = np.unique(np.linspace(0, n - 1, min(n, _DIM_SAMPLES)).astype(np.int64))
+    dims = np.ascontiguousarray(raw[sample, :4]).view("<i4").ravel()
+    bad = np.flatnonzero(dims != dim)
+    if bad.size:
+        row = int(sample[bad[0]])
+        raise ValueError(f"{path}: record {row} has dim {int(dims[bad[0]])}, but record 0 has "
+                         f"dim {dim}; all records of a {_vecs_name(dtype)} file must agree")
+    if dtype.itemsize == 1:
+        values = raw[:, 4:]
+    else:
+        # Same bytes seen as 4-byte values: (n, dim + 1), column 0 is the dim.
+        values = raw.view(dtype)[:, 1:]
+    if not mmap:
+        out = np.array(values, dtype=dtype.newbyteorder("="), order="C")
+        del values, raw
+        return out
+    return values
+
+
+def _vecs_name(dtype):
+    return {"f": ".fvecs", "i": ".ivecs", "u": ".bvecs"}[dtype.kind]
+
+
+def _import_h5py():
+    try:
+        import h5py
+    except ImportError:
+        raise ImportError("reading HDF5 needs h5py: pip install h5py "
+                          "(or pip install 'knndirect[hdf5]')") from None
+    return h5py
+
+
+def _hdf5_array(path, ds, mmap):
+    """A dataset as an array: memory-mapped when stored contiguous and
+    uncompressed with a plain numeric dtype, else read into memory."""
+    if mmap and ds.chunks is None and ds.compression is None and ds.dtype.kind in "fiu" \
+            and ds.size > 0:
+        offset = ds.id.get_offset()
+        if offset is not None:
+            return np.memmap(path, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
+    return ds[()]
+
+
+def read_ann_hdf5(path, *, mmap=True):
+    """Read an ann-benchmarks HDF5 file.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A file with datasets "train" (n, dim), "test" (nq, dim) and
+        "neighbors" (nq, k), and an optional "distance" attribute (see
+        ``ann_hdf5_metric``).
+    mmap : bool
+        Memory-map "train" when it is stored contiguous and uncompressed
+        (default True); "test" and "neighbors" are always read into memory.
+
+    Returns
+    -------
+    (train, test, neighbors) : tuple of numpy.ndarray
+        train (n, dim) and test (nq, dim) as stored (float32 in the
+        published files); neighbors (nq, k) as stored (int32 in the published
+        files): the true nearest ids into train, best first.
+
+    Raises
+    ------
+    ImportError
+        h5py is not installed (``pip install 'knndirect[hdf5]'``).
+    ValueError
+        A dataset is missing.
+    """
+    h5py = _import_h5py()
+    path = os.fspath(path)
+    with h5py.File(path, "r") as f:
+        missing = [name for name in ("train", "test", "neighbors") if name not in f]
+        if missing:
+            raise ValueError(f"{path} is not in the ann-benchmarks layout: missing dataset(s) "
+                             f"{missing} (found: {sorted(f.keys())})")
+        return _hdf5_array(path, f["train"], mmap), f["test"][()], f["neighbors"][()]
+
+
+def ann_hdf5_metric(path):
+    """The knndirect metric for an ann-benchmarks HDF5 file's "distance"
+    attribute: "euclidean" -> "l2", "angular" / "cosine" -> "cosine",
+    "dot" / "ip" / "inner_product" -> "ip". Returns None when the attribute
+    is absent or unknown. Needs h5py."""
+    h5py = _import_h5py()
+    with h5py.File(os.fspath(path), "r") as f:
+        distance = f.attrs.get("distance")
+    if distance is None:
+        return None
+    if isinstance(distance, bytes):
+        distance = distance.decode("utf-8", "replace")
+    return {"euclidean": "l2", "l2": "l2", "angular": "cosine", "cosine": "cosine",
+            "dot": "ip", "ip": "ip", "inner_product": "ip"}.get(str(distance).lower())
+
+
+def _write_vecs(path, x, dtype, what):
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"{what} needs a 2-d array (n, dim), got shape {x.shape}")
+    n, dim = x.shape
+    if n and dim == 0:
+        raise ValueError(f"{what} needs dim >= 1")
+    if dtype.kind in "iu" and x.dtype != dtype:
+        if x.dtype.kind not in "iub":
+            raise TypeError(f"{what} needs integers, got dtype {x.dtype}")
+        info = np.iinfo(dtype)
+        if x.size and (x.min() < info.min or x.max() > info.max):
+            raise ValueError(f"{what}: values must lie in [{info.min}, {info.max}]")
+    record = 4 + dim * dtype.itemsize
+    with open(os.fspath(path), "wb") as f:
+        for start in range(0, n, _WRITE_ROWS):
+            rows = x[start:start + _WRITE_ROWS]
+            buf = np.empty((len(rows), record), dtype=np.uint8)
+            buf[:, :4] = np.frombuffer(np.int32(dim).astype("<i4").tobytes(), dtype=np.uint8)
+            buf[:, 4:] = np.ascontiguousarray(rows, dtype=dtype).view(np.uint8).reshape(
+                len(rows), dim * dtype.itemsize)
+            f.write(buf.tobytes())
+
+
+def write_fvecs(path, x):
+    """Write x (n, dim), converted to float32, as a .fvecs file."""
+    _write_vecs(path, x, _VECS_DTYPES[".fvecs"], "write_fvecs")
+
+
+def write_ivecs(path, x):
+    """Write x (n, dim) of integers in int32 range as an .ivecs file (for
+    example ground-truth neighbour ids)."""
+    _write_vecs(path, x, _VECS_DTYPES[".ivecs"], "write_ivecs")
+
+
+def write_bvecs(path, x):
+    """Write x (n, dim) of integers in [0, 255] as a .bvecs file (uint8)."""
+    _write_vecs(path, x, _VECS_DTYPES[".bvecs"], "write_bvecs")
 
 
 def clustered(n, dim, *, n_clusters=64, spread=0.5, seed=0):
