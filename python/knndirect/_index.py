@@ -41,8 +41,17 @@ PROGRESS_CHUNK = 1000
 
 
 def features() -> dict:
-    """What this build and CPU offer: io_uring, avx2, avx512 and the SIMD
-    kernel set in use ("simd")."""
+    """What this build and CPU offer.
+
+    Returns
+    -------
+    dict
+        ``io_uring`` (bool: the io_uring backend was compiled in; the kernel
+        or a container may still block it, see ``info()["fallbacks"]``),
+        ``avx2`` and ``avx512`` (bool: CPU support), ``simd`` (str: the
+        kernel set in use, e.g. "avx2" or "scalar") and ``format_version``
+        (int: the index file version this build writes).
+    """
     return _core.features()
 
 
@@ -168,17 +177,33 @@ class Index:
         return self._metric
 
     def __len__(self) -> int:
+        """Number of live vectors (added minus removed)."""
         return len(self._core)
 
     # -- building -----------------------------------------------------------
     def add(self, vectors, ids=None, *, threads=None, progress=None):
-        """Add vectors (n, dim), with optional int64 ids (default: 0, 1, 2, ...
-        in order of addition). Duplicate ids raise ValueError and add nothing.
+        """Add vectors to the graph.
 
-        progress: None, True (tqdm when installed) or a callable
-        progress(done, total) -> bool that cancels the rest by returning False.
-        Ctrl-C interrupts between chunks and leaves the index usable with the
-        chunks already added.
+        Parameters
+        ----------
+        vectors : array_like, shape (n, dim)
+            Any real dtype and layout; float32 C-contiguous arrays are used
+            without a copy, others are converted once. NaN or Inf raise
+            ValueError.
+        ids : array_like of int, shape (n,), optional
+            int64 ids. Default: 0, 1, 2, ... continuing from the vectors
+            already added. An id already present, or repeated, raises
+            ValueError and adds nothing.
+        threads : int, optional
+            Build threads (default: all cores).
+        progress : None, True or callable
+            True shows a tqdm bar when tqdm is installed; a callable
+            ``progress(done, total) -> bool`` is called after each chunk and
+            cancels the rest by returning False.
+
+        Large adds run in chunks; Ctrl-C (KeyboardInterrupt) stops between
+        chunks and leaves the index usable, holding the chunks already added.
+        An index from ``open`` is read-only for add.
         """
         x = _as_matrix(vectors, self._dim, "vectors")
         n = x.shape[0]
@@ -218,24 +243,53 @@ class Index:
                 close()
 
     def remove(self, ids):
-        """Tombstone ids: they are never returned again. Unknown ids raise
-        KeyError and nothing is removed."""
+        """Tombstone ids: they are never returned again.
+
+        Parameters
+        ----------
+        ids : int or array_like of int, shape (n,)
+            Ids to remove. An unknown or already removed id raises KeyError
+            and nothing is removed.
+        """
         self._core.remove(_as_ids(ids))
 
     # -- searching ----------------------------------------------------------
     def search(self, queries, k=10, *, ef=None, oversample=None, rerank=True, filter=None,
                exact=False, threads=None):
-        """Search one query (dim,) or a batch (n, dim).
+        """Search one query or a batch; the GIL is released throughout.
 
-        Returns (D, I): float32 scores and int64 ids, (k,) or (n, k), best
-        first. Missing results are I = -1 with D = +inf (l2) or -inf.
+        Parameters
+        ----------
+        queries : array_like, shape (dim,) or (n, dim)
+            One query or a batch (converted to float32).
+        k : int
+            Results per query. k larger than the index is fine: the tail is
+            padded.
+        ef : int, optional
+            Beam width of the graph search (default ``info()["default_ef"]``,
+            64, raised to the shortlist size).
+        oversample : float >= 1, optional
+            Shortlist = ceil(k * oversample) candidates re-scored with the
+            float32 vectors (default per quantization and dim,
+            ``info()["default_oversample"]``).
+        rerank : bool
+            False returns the quantized estimates, with no vector reads.
+        filter : array_like of int, optional
+            Allowed ids; results honour it exactly.
+        exact : bool
+            Brute force over all live (or filtered) vectors.
+        threads : int, optional
+            Native threads for a batch (default: all cores, or the value
+            given to ``open``).
 
-        ef: beam width of the graph search (default 64, raised to the
-        shortlist). oversample: shortlist = ceil(k * oversample) candidates
-        re-scored with float32 (default per quantization and dim, see
-        info()["default_oversample"]). rerank=False returns the 1-bit
-        estimates. filter: array of allowed ids. exact: brute force.
-        threads: native threads for a batch (default: all cores).
+        Returns
+        -------
+        D : numpy.ndarray of float32, shape (k,) or (n, k)
+            Squared L2 distances (l2, ascending), or inner products / cosine
+            similarities (ip, cosine, descending).
+        I : numpy.ndarray of int64, shape (k,) or (n, k)
+            Ids, best first. Missing results are I = -1 with D = +inf (l2) or
+            -inf (ip, cosine).
         """
         q = np.asarray(queries)
         single = q.ndim == 1
@@ -259,15 +313,31 @@ class Index:
         return D, I
 
     def get_vectors(self, ids):
-        """The float32 vectors of ids, as added: an (n, dim) array (a
-        row-strided view of an aligned NumPy buffer the reads land in).
-        Unknown or removed ids raise KeyError."""
+        """The stored vectors of ids, as added (also for cosine).
+
+        Parameters
+        ----------
+        ids : int or array_like of int, shape (n,)
+
+        Returns
+        -------
+        numpy.ndarray of float32, shape (n, dim)
+            A row-strided view of the aligned buffer the batch read lands in.
+            Unknown or removed ids raise KeyError.
+        """
         return self._core.get_vectors(_as_ids(ids))
 
     # -- storage ------------------------------------------------------------
     def save(self, target):
-        """Write the index to a path (atomically: temp file, fsync, rename) or
-        to a binary file-like object with .write (sequential writes only)."""
+        """Write the index file.
+
+        Parameters
+        ----------
+        target : str, os.PathLike or binary file-like
+            A path is written atomically (temporary file in the same
+            directory, fsync, rename); a file-like object only needs
+            ``.write`` (the file is written as one sequential stream).
+        """
         if isinstance(target, (str, bytes, os.PathLike)):
             self._core.save_path(target)
         elif hasattr(target, "write"):
@@ -276,24 +346,53 @@ class Index:
             raise TypeError("save target must be a path or a binary file-like object")
 
     def to_bytes(self) -> bytes:
-        """The index file's bytes."""
+        """The index file as bytes (what ``save`` would write); ``load``
+        reads it back."""
         return self._core.to_bytes()
 
     def verify(self) -> bool:
-        """Check every checksum of an opened index's file, vectors included.
-        Raises ValueError on corruption."""
+        """Check every checksum of the index file, vector section included
+        (``open`` checks only the metadata).
+
+        Returns
+        -------
+        bool
+            True. Corruption raises ValueError naming the section.
+        """
         return self._core.verify()
 
     # -- reporting ----------------------------------------------------------
     def info(self) -> dict:
-        """dim, metric, count, quantization, m, path, storage, io_backend,
-        direct_io, record_size, alignment, resident_bytes, fallbacks, ..."""
+        """A dict describing the index.
+
+        Keys: dim, metric, count (live vectors), slots (added, including
+        removed), quantization, m, ef_construction, seed, path (None in
+        memory), storage ("memory" or "disk"), io_backend (the backend in use;
+        "memory" when loaded), direct_io (bool), record_size (bytes per
+        stored vector record), code_size (bytes per code), alignment (bytes;
+        reads are rounded to it), resident_bytes (memory the index holds in
+        RAM), default_oversample, default_ef and fallbacks (list of str:
+        "no_direct_io", "no_io_uring").
+        """
         return self._core.info()
 
     def stats(self, reset=False) -> dict:
-        """Counters since open (or the last reset): queries, read_ops,
-        read_bytes, rerank_vectors, io_wait_seconds, graph_seconds,
-        rerank_seconds, exact_queries."""
+        """Counters since open, load or the last reset, as a dict.
+
+        Parameters
+        ----------
+        reset : bool
+            Zero the counters after reading them.
+
+        Returns
+        -------
+        dict
+            queries, exact_queries, read_ops, read_bytes (int),
+            rerank_vectors (int: shortlist entries re-scored), and
+            io_wait_seconds, graph_seconds, rerank_seconds (float). Bytes read
+            per query, ``read_bytes / queries``, compares with the ideal
+            ``rerank_vectors / queries * info()["record_size"]``.
+        """
         return self._core.stats(bool(reset))
 
     def close(self):
@@ -317,6 +416,28 @@ class Index:
                 f"quantization={i['quantization']!r} backend={i['io_backend']!r} "
                 f"resident={_human_bytes(i['resident_bytes'])}>")
 
+    def _repr_html_(self):
+        """A table for notebooks: dim, metric, count, quantization, backend,
+        resident memory (and path, O_DIRECT and fallbacks when opened)."""
+        import html
+
+        if self._core.closed:
+            return "<p><b>knndirect.Index</b> (closed)</p>"
+        i = self.info()
+        rows = [("dim", i["dim"]), ("metric", i["metric"]), ("count", f"{i['count']:,}"),
+                ("quantization", i["quantization"]), ("m", i["m"]),
+                ("backend", i["io_backend"]),
+                ("resident memory", _human_bytes(i["resident_bytes"])),
+                ("vector record", f"{i['record_size']:,} B, alignment {i['alignment']:,} B")]
+        if i.get("path"):
+            rows += [("path", i["path"]), ("O_DIRECT", "yes" if i["direct_io"] else "no")]
+        if i.get("fallbacks"):
+            rows.append(("fallbacks", ", ".join(i["fallbacks"])))
+        body = "".join(f"<tr><th style='text-align:left'>{html.escape(str(k))}</th>"
+                       f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>"
+                       for k, v in rows)
+        return f"<div><b>knndirect.Index</b><table>{body}</table></div>"
+
 
 def _human_bytes(n):
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -326,8 +447,20 @@ def _human_bytes(n):
 
 
 def load(source) -> Index:
-    """Load an index fully into memory from a path, a binary file-like object
-    or a bytes-like object (bytes, memoryview, mmap)."""
+    """Load an index fully into memory (vectors included).
+
+    Parameters
+    ----------
+    source : str, os.PathLike, binary file-like or bytes-like
+        A path, an object with ``.read()`` returning bytes, or bytes /
+        bytearray / memoryview / mmap.
+
+    Returns
+    -------
+    Index
+        A writable index: add, remove, search and save all work. A truncated,
+        corrupted or foreign file raises ValueError.
+    """
     if isinstance(source, (str, bytes, os.PathLike)) and not isinstance(source, bytes):
         with builtins.open(source, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -351,12 +484,34 @@ def open(path, *, direct_io=True, io_backend="auto", io_depth=128, preload=("gra
          threads=None) -> Index:
     """Open an index file for search with its vectors left on disk.
 
-    The graph, codes and ids are memory-mapped (the sections in `preload` are
-    pulled into the page cache now, the others are read on demand). Vectors
-    are fetched per query as one batch of reads with `io_backend`: "auto"
-    (io_uring, else threads), "io_uring", "threads", "pread" (serial baseline)
-    or "mmap" (page cache). `io_depth` bounds reads in flight. An opened index
-    is read-only for add; remove works in memory.
+    The graph, codes and ids are memory-mapped; vectors are fetched per query
+    as one batch of reads into an aligned NumPy buffer.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The index file.
+    direct_io : bool
+        Read vectors with O_DIRECT (default). Where the filesystem refuses it
+        (tmpfs, some overlays), reads are buffered with read-ahead disabled,
+        a RuntimeWarning is issued and ``info()["fallbacks"]`` says so.
+    io_backend : {"auto", "io_uring", "threads", "pread", "mmap"}
+        "auto" takes io_uring and falls back to the thread pool when io_uring
+        is missing or blocked; "pread" is one synchronous read per vector
+        (the baseline); "mmap" reads through the page cache.
+    io_depth : int
+        Reads in flight at most (default 128), independent of threads.
+    preload : iterable of {"graph", "codes", "ids", "vectors"}, or str
+        Sections pulled into the page cache now (default graph and codes);
+        the others are read on demand. ``()`` when memory is tight.
+    threads : int, optional
+        Default native threads for batch searches (default: all cores).
+
+    Returns
+    -------
+    Index
+        Read-only for add; remove works in memory. Close it (or use
+        ``with``) to release the file and mappings.
     """
     if io_backend not in IO_BACKENDS:
         raise ValueError(f"io_backend must be one of {sorted(IO_BACKENDS)}, got {io_backend!r}")
