@@ -1,13 +1,15 @@
 """Build of the knndirect._core extension.
 
 SIMD kernels are compiled per function with target attributes and chosen at
-run time, so no -march flag is ever passed. The io_uring backend is compiled
-when liburing's header and library are found (set KNNDIRECT_NO_URING=1 to
-build without it)."""
+run time; no CPU-specific compiler flag is ever passed, so a wheel built here
+runs on any CPU of its platform. The io_uring backend is compiled when
+liburing's header and library are found (set KNNDIRECT_NO_URING=1 to build
+without it); otherwise the build has the thread-pool backend."""
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from glob import glob
 
@@ -15,11 +17,22 @@ import numpy
 from setuptools import Extension, setup
 
 
+def _compiler():
+    """The C compiler command: $CC, else the one Python was built with, else cc."""
+    for cc in (os.environ.get("CC"), sysconfig.get_config_var("CC"), "cc", "gcc"):
+        if cc and cc.split() and shutil.which(cc.split()[0]):
+            return cc
+    return None
+
+
 def have_liburing():
+    """True when liburing's header compiles and its library links. Any
+    failure (no compiler, no header, no library) means False: the build
+    then has the thread-pool backend only."""
     if os.environ.get("KNNDIRECT_NO_URING", "0") not in ("", "0"):
         return False
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc.split()[0]) is None:
+    cc = _compiler()
+    if cc is None:
         return False
     src = "#include <liburing.h>\nint main(void){struct io_uring r; return io_uring_queue_init(1,&r,0) < -1000;}\n"
     with tempfile.TemporaryDirectory() as tmp:
@@ -27,7 +40,11 @@ def have_liburing():
         with open(path, "w") as f:
             f.write(src)
         cmd = cc.split() + [path, "-o", os.path.join(tmp, "probe"), "-luring"]
-        return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+        try:
+            return subprocess.run(cmd, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL).returncode == 0
+        except OSError:
+            return False
 
 
 sources = sorted(glob("csrc/*.c")) + sorted(glob("csrc/pyext/*.c"))
@@ -36,6 +53,10 @@ libraries = ["pthread", "m"]
 if sys.platform.startswith("linux") and have_liburing():
     define_macros.append(("KD_HAVE_LIBURING", "1"))
     libraries.append("uring")
+    print("knndirect: building with io_uring (liburing found)", file=sys.stderr)
+else:
+    print("knndirect: building without io_uring (liburing not found or KNNDIRECT_NO_URING "
+          "set); vector reads use the thread-pool backend", file=sys.stderr)
 
 extra_compile_args = ["-std=c11", "-O3", "-fno-strict-aliasing", "-fvisibility=hidden",
                       "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
