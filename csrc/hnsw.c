@@ -47,6 +47,7 @@ void kd_scratch_free(struct kd_search_scratch *s)
     free(s->visited.tags);
     free(s->cand);
     free(s->res);
+    free(s->pool);
     free(s->rows);
     free(s->dists);
     free(s->list);
@@ -148,13 +149,36 @@ static uint32_t read_list(const struct kd_graph *g, uint32_t node, int level, ui
 /* ---- search */
 
 /* Beam search on one level from the entries in s->res[0..nentry). */
+/* Offer an item to a bounded max-heap of the `cap` smallest. */
+static inline void keep_best(struct kd_heap_item *h, size_t *n, size_t cap,
+                             struct kd_heap_item it)
+{
+    if (*n < cap) {
+        heap_push(h, n, it, 1);
+    } else if (it.dist < h[0].dist) {
+        heap_pop(h, n, 1);
+        heap_push(h, n, it, 1);
+    }
+}
+
+static void heap_sort_ascending(struct kd_heap_item *h, size_t n)
+{
+    while (n > 1) {
+        struct kd_heap_item top = heap_pop(h, &n, 1);
+        h[n] = top;
+    }
+}
+
 static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s, int level,
                            size_t ef, size_t nentry, kd_batch_dist_fn dist, void *dctx,
-                           kd_accept_fn accept, const void *actx, int locked)
+                           kd_accept_fn accept, const void *actx, int locked, size_t keep,
+                           kd_prefetch_fn prefetch)
 {
     struct kd_visited *v = &s->visited;
     visited_next(v);
-    size_t ncand = 0, nres = 0;
+    size_t ncand = 0, nres = 0, npool = 0;
+    if (keep <= ef)
+        keep = 0;
     /* Entries arrive in s->res, which is about to become the result heap. */
     struct kd_heap_item tmp[64];
     size_t ne = nentry < 64 ? nentry : 64;
@@ -162,14 +186,19 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
     for (size_t i = 0; i < ne; i++) {
         v->tags[tmp[i].row] = v->now;
         heap_push(s->cand, &ncand, tmp[i], 0);
-        if (!accept || accept(actx, tmp[i].row))
+        if (!accept || accept(actx, tmp[i].row)) {
             heap_push(s->res, &nres, tmp[i], 1);
+            if (keep)
+                keep_best(s->pool, &npool, keep, tmp[i]);
+        }
     }
     while (ncand > 0) {
         struct kd_heap_item c = heap_pop(s->cand, &ncand, 0);
         if (nres >= ef && c.dist > s->res[0].dist)
             break;
         uint32_t n = read_list(g, c.row, level, s->list, locked), m = 0;
+        if (ncand)  /* the next list to expand, most likely */
+            __builtin_prefetch(kd_graph_list(g, s->cand[0].row, level));
         for (uint32_t i = 0; i < n; i++) {
             uint32_t r = s->list[i];
             if (v->tags[r] != v->now) {
@@ -179,15 +208,21 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
         }
         if (!m)
             continue;
+        if (prefetch)
+            prefetch(dctx, s->rows, m);
         dist(dctx, s->rows, m, s->dists);
         for (uint32_t i = 0; i < m; i++) {
-            float d = s->dists[i];
-            if (nres < ef || d < s->res[0].dist) {
-                struct kd_heap_item it = {d, s->rows[i]};
+            struct kd_heap_item it = {s->dists[i], s->rows[i]};
+            int ok = -1;
+            if (keep && (ok = !accept || accept(actx, it.row)))
+                keep_best(s->pool, &npool, keep, it);
+            if (nres < ef || it.dist < s->res[0].dist) {
                 if (cand_grow(s, ncand + 1))
                     return 0;
                 heap_push(s->cand, &ncand, it, 0);
-                if (!accept || accept(actx, it.row)) {
+                if (ok < 0)
+                    ok = !accept || accept(actx, it.row);
+                if (ok) {
                     heap_push(s->res, &nres, it, 1);
                     if (nres > ef)
                         heap_pop(s->res, &nres, 1);
@@ -195,11 +230,13 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
             }
         }
     }
-    /* Heap-sort the results ascending in place. */
-    for (size_t n = nres; n > 1;) {
-        struct kd_heap_item top = heap_pop(s->res, &n, 1);
-        s->res[n] = top;
+    if (keep) {
+        heap_sort_ascending(s->pool, npool);
+        s->out = s->pool;
+        return npool;
     }
+    heap_sort_ascending(s->res, nres);
+    s->out = s->res;
     return nres;
 }
 
@@ -229,13 +266,20 @@ static void descend(const struct kd_graph *g, struct kd_search_scratch *s, uint3
 }
 
 size_t kd_graph_search(const struct kd_graph *g, struct kd_search_scratch *s, size_t ef,
-                       kd_batch_dist_fn dist, void *dctx, kd_accept_fn accept,
-                       const void *actx)
+                       size_t keep, kd_batch_dist_fn dist, kd_prefetch_fn prefetch, void *dctx,
+                       kd_accept_fn accept, const void *actx)
 {
     if (g->entry == KD_NONE)
         return 0;
+    if (keep > s->pool_cap) {
+        struct kd_heap_item *p = realloc(s->pool, keep * sizeof *p);
+        if (!p)
+            return 0;
+        s->pool = p;
+        s->pool_cap = keep;
+    }
     descend(g, s, g->entry, g->max_level, 0, dist, dctx, 0);
-    return search_layer(g, s, 0, ef, 1, dist, dctx, accept, actx, 0);
+    return search_layer(g, s, 0, ef, 1, dist, dctx, accept, actx, 0, keep, prefetch);
 }
 
 /* ---- structure */
@@ -437,7 +481,8 @@ static int insert_one(struct kd_graph *g, const struct kd_build_oracle *o, uint3
     size_t nentry = 1;
     uint32_t *chosen = rows + g->m0 + 2;
     for (int lc = level < top ? level : top; lc >= 0; lc--) {
-        size_t nres = search_layer(g, s, lc, ef, nentry, dist_from_node, &f, NULL, NULL, 1);
+        size_t nres = search_layer(g, s, lc, ef, nentry, dist_from_node, &f, NULL, NULL, 1, 0,
+                                   NULL);
         if (!nres) {
             if (hold)
                 pthread_mutex_unlock(&g->entry_lock);

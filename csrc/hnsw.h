@@ -33,6 +33,8 @@ static inline uint32_t *kd_graph_list(const struct kd_graph *g, uint32_t node, i
 
 /* Batch distance from the current query to rows[0..n). */
 typedef void (*kd_batch_dist_fn)(void *ctx, const uint32_t *rows, size_t n, float *out);
+/* Start fetching what scoring rows[0..n) will read (may be NULL). */
+typedef void (*kd_prefetch_fn)(void *ctx, const uint32_t *rows, size_t n);
 
 struct kd_heap_item {
     float dist;
@@ -50,6 +52,9 @@ struct kd_search_scratch {
     struct kd_visited visited;
     struct kd_heap_item *cand, *res;
     size_t heap_cap;
+    struct kd_heap_item *pool;    /* best `keep` of all nodes scored */
+    size_t pool_cap;
+    const struct kd_heap_item *out; /* results of the last search */
     uint32_t *rows;
     float *dists;
     uint32_t *list;          /* copy of one neighbour list */
@@ -62,10 +67,12 @@ void kd_scratch_free(struct kd_search_scratch *s);
 typedef int (*kd_accept_fn)(const void *ctx, uint32_t row);
 
 /* Greedy descent from the entry to level 1, then a beam of width ef on level
- * 0. Results (ascending by distance) are left in s->res; returns how many. */
+ * 0. Results, ascending by distance, are left at s->out; returns how many.
+ * With keep > ef they are the best `keep` of every node the beam scored, not
+ * only of the beam: a deep shortlist then costs no wider a beam. */
 size_t kd_graph_search(const struct kd_graph *g, struct kd_search_scratch *s, size_t ef,
-                       kd_batch_dist_fn dist, void *dctx, kd_accept_fn accept,
-                       const void *actx);
+                       size_t keep, kd_batch_dist_fn dist, kd_prefetch_fn prefetch, void *dctx,
+                       kd_accept_fn accept, const void *actx);
 
 int kd_graph_init(struct kd_graph *g, uint32_t m);
 void kd_graph_free(struct kd_graph *g);

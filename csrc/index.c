@@ -264,7 +264,14 @@ static int score_rows(struct kd_index *ix, struct kd_ctx *c, const float *qn,
                       const uint32_t *rows, size_t n, size_t k, size_t *ntop)
 {
     if (!ix->on_disk) {
+        /* Rows are scattered: keep a few vectors in flight ahead of scoring. */
+        size_t lines = ix->record_bytes / 64 < 8 ? ix->record_bytes / 64 : 8;
         for (size_t i = 0; i < n; i++) {
+            if (i + 4 < n) {
+                const char *ahead = (const char *)(ix->vectors + (size_t)rows[i + 4] * ix->p.dim);
+                for (size_t l = 0; l < lines; l++)
+                    __builtin_prefetch(ahead + 64 * l);
+            }
             const float *v = ix->vectors + (size_t)rows[i] * ix->p.dim;
             float inv = ix->inv_norms ? ix->inv_norms[rows[i]] : 0;
             top_offer(c->top, ntop, k, exact_dist(ix, qn, v, inv), rows[i]);
@@ -364,6 +371,17 @@ static void estimate_rows(void *p, const uint32_t *rows, size_t n, float *out)
     e->ix->estimate(&e->ix->quant, e->qc, e->ix->codes, rows, n, out);
 }
 
+static void prefetch_codes(void *p, const uint32_t *rows, size_t n)
+{
+    const struct estimate_ctx *e = p;
+    size_t size = e->ix->quant.code_size;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *code = e->ix->codes + (size_t)rows[i] * size;
+        for (size_t off = 0; off < size; off += 64)
+            __builtin_prefetch(code + off);
+    }
+}
+
 static size_t shortlist_size(const struct kd_index *ix, const struct kd_search_params *sp)
 {
     double os = sp->oversample > 0 ? sp->oversample
@@ -406,8 +424,8 @@ static int search_one(struct kd_index *ix, struct kd_ctx *c, const float *q,
     }
     size_t L = shortlist_size(ix, sp);
     size_t ef = sp->ef ? sp->ef : DEFAULT_EF;
-    if (ef < L)
-        ef = L;
+    if (ef < k)
+        ef = k;
     /* A shortlist as large as the index is a full scan anyway. */
     int exact = sp->exact || prefer_exact(ix, f, ef) || ix->graph.entry == KD_NONE ||
                 L >= ix->live;
@@ -421,21 +439,23 @@ static int search_one(struct kd_index *ix, struct kd_ctx *c, const float *q,
         kd_qcode_prepare(&ix->quant, qn, &c->qc);
         struct estimate_ctx e = {ix, &c->qc};
         struct accept_ctx a = {ix, f->allowed};
-        size_t nres = kd_graph_search(&ix->graph, &c->s, ef, estimate_rows, &e, accept_live, &a);
+        size_t nres = kd_graph_search(&ix->graph, &c->s, ef, L, estimate_rows, prefetch_codes,
+                                      &e, accept_live, &a);
+        const struct kd_heap_item *res = c->s.out;
         uint64_t t1 = kd_now_ns();
         c->st.graph_ns += t1 - t0;
         if (nres < k && f->allowed && f->nrows > nres) {
             exact = 1;   /* the filter starved the beam: answer exactly */
         } else if (!sp->rerank) {
             for (size_t i = 0; i < nres && i < k; i++)
-                c->top[ntop++] = c->s.res[i];
+                c->top[ntop++] = res[i];
             done = 1;
         } else {
             size_t n = nres < L ? nres : L;
             if ((err = ctx_rows(c, n)))
                 return err;
             for (size_t i = 0; i < n; i++)
-                c->rows[i] = c->s.res[i].row;
+                c->rows[i] = res[i].row;
             uint64_t io0 = c->st.io_wait_ns;
             err = score_rows(ix, c, qn, c->rows, n, k, &ntop);
             if (err)

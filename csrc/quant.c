@@ -197,6 +197,7 @@ void kd_quant_free(struct kd_quant *q)
 }
 
 /* Orthonormal Walsh-Hadamard transform of n (a power of two) floats. */
+__attribute__((target_clones("avx2", "default")))
 static void fwht(float *x, uint32_t n)
 {
     for (uint32_t h = 1; h < n; h <<= 1)
@@ -211,6 +212,7 @@ static void fwht(float *x, uint32_t n)
         x[i] *= s;
 }
 
+__attribute__((target_clones("avx2", "default")))
 static void flip(float *x, const uint8_t *signs, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)
@@ -304,7 +306,10 @@ int kd_qcode_alloc(struct kd_qcode *qc, const struct kd_quant *q)
     qc->norm_sq = malloc(KD_MAX_CENTRES * sizeof(float));
     qc->dot_c = malloc(KD_MAX_CENTRES * sizeof(float));
     qc->sq = malloc(2 * (size_t)q->dim * sizeof(float));
-    if (!qc->planes || !qc->work || !qc->norm_sq || !qc->dot_c || !qc->sq) {
+    qc->centre_gen = calloc(KD_MAX_CENTRES, sizeof(uint32_t));
+    qc->levels = malloc(q->pdim);
+    if (!qc->planes || !qc->work || !qc->norm_sq || !qc->dot_c || !qc->sq || !qc->centre_gen ||
+        !qc->levels) {
         kd_qcode_free(qc);
         return kd_fail(-ENOMEM, "out of memory for a query code");
     }
@@ -318,6 +323,8 @@ void kd_qcode_free(struct kd_qcode *qc)
     free(qc->norm_sq);
     free(qc->dot_c);
     free(qc->sq);
+    free(qc->centre_gen);
+    free(qc->levels);
     memset(qc, 0, sizeof *qc);
 }
 
@@ -342,11 +349,11 @@ void kd_qcode_prepare(const struct kd_quant *q, const float *x, struct kd_qcode 
         return;
     }
     float *v = qc->work;
-    float xx = kd_kernels()->dot(x, x, q->dim);
-    for (uint32_t j = 0; j < q->ncentres; j++) {
-        float xc = kd_kernels()->dot(x, q->centres + (size_t)j * q->dim, q->dim);
-        qc->dot_c[j] = xc;
-        qc->norm_sq[j] = xx - 2 * xc + q->centres_sq[j];
+    qc->x = x;
+    qc->x_sq = kd_kernels()->dot(x, x, q->dim);
+    if (++qc->gen == 0) {
+        memset(qc->centre_gen, 0, KD_MAX_CENTRES * sizeof(uint32_t));
+        qc->gen = 1;
     }
     for (uint32_t i = 0; i < q->pdim; i++)
         v[i] = i < q->dim ? x[i] - q->mean[i] : 0.0f;
@@ -360,20 +367,37 @@ void kd_qcode_prepare(const struct kd_quant *q, const float *x, struct kd_qcode 
     float delta = (hi - lo) / (float)levels;
     if (!(delta > 0))
         delta = 1.0f;
-    uint32_t words = q->pdim / 64;
-    memset(qc->planes, 0, (size_t)KD_QUERY_BITS * words * sizeof(uint64_t));
+    float inv = 1.0f / delta;
+    uint8_t *lv = qc->levels;
     uint64_t level_sum = 0;
     for (uint32_t i = 0; i < q->pdim; i++) {
-        int u = (int)lrintf((v[i] - lo) / delta);
-        u = u < 0 ? 0 : (u > levels ? levels : u);
-        level_sum += (uint64_t)u;
-        for (int b = 0; b < KD_QUERY_BITS; b++)
-            if (u >> b & 1)
-                qc->planes[(size_t)b * words + i / 64] |= 1ull << (i % 64);
+        int u = (int)((v[i] - lo) * inv + 0.5f);
+        lv[i] = (uint8_t)(u > levels ? levels : u);
+        level_sum += lv[i];
     }
+    /* Bit b of 8 levels at once: gather each byte's bit b into one byte. */
+    uint32_t words = q->pdim / 64;
+    memset(qc->planes, 0, (size_t)KD_QUERY_BITS * words * sizeof(uint64_t));
+    for (uint32_t w = 0; w < words; w++)
+        for (uint32_t g = 0; g < 8; g++) {
+            uint64_t x;
+            memcpy(&x, lv + w * 64 + g * 8, 8);
+            for (int b = 0; b < KD_QUERY_BITS; b++) {
+                uint64_t packed = (((x >> b) & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56;
+                qc->planes[(size_t)b * words + w] |= packed << (g * 8);
+            }
+        }
     qc->lo = lo;
     qc->delta = delta;
     qc->sum_q = lo * (float)q->pdim + delta * (float)level_sum;
+}
+
+static void centre_terms(const struct kd_quant *q, const struct kd_qcode *qc, uint32_t j)
+{
+    float xc = kd_kernels()->dot(qc->x, q->centres + (size_t)j * q->dim, q->dim);
+    qc->dot_c[j] = xc;
+    qc->norm_sq[j] = qc->x_sq - 2 * xc + q->centres_sq[j];
+    qc->centre_gen[j] = qc->gen;
 }
 
 /* The estimate from the weighted popcount s = sum_b 2^b |bits & plane_b|. */
@@ -384,6 +408,8 @@ static inline float finish(const struct kd_quant *q, const struct kd_qcode *qc,
     memcpy(&t, code + q->pdim / 8, sizeof t);
     float s1 = qc->lo * (float)t.ones + qc->delta * (float)s;
     float ip = t.scale * (2.0f * s1 - qc->sum_q - t.shift);
+    if (__builtin_expect(qc->centre_gen[t.centre] != qc->gen, 0))
+        centre_terms(q, qc, t.centre);
     if (q->metric == KD_L2)
         return t.norm_sq + qc->norm_sq[t.centre] - 2.0f * ip;
     return -(ip + t.dot_c + qc->dot_c[t.centre]);

@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KD_ROT_ROUNDS 4
+#define KD_ROT_ROUNDS 2
 #define KD_QUERY_BITS 4
 
 enum kd_metric { KD_L2 = 0, KD_IP = 1, KD_COSINE = 2 };
@@ -59,9 +59,16 @@ struct kd_qcode {
     uint64_t *planes;     /* KD_QUERY_BITS planes of pdim bits */
     float lo, delta;      /* dequantized value = lo + delta * level */
     float sum_q;          /* sum of dequantized rotated query */
+    /* Per-centre terms, computed the first time a code of that centre is
+     * scored (a search touches few of the centres). */
     float *norm_sq;       /* |q-c|^2 per centre */
     float *dot_c;         /* <q, c> per centre */
+    uint32_t *centre_gen; /* == gen when the centre's terms are current */
+    uint32_t gen;
+    const float *x;       /* the query, valid while it is being searched */
+    float x_sq;           /* |q|^2 */
     float *work;          /* pdim floats of scratch */
+    uint8_t *levels;      /* pdim quantized levels */
     float *sq;            /* scalar codes: 2 * dim per-query factors */
     float sq_const;
 };
