@@ -266,8 +266,10 @@ class Index:
             Results per query. k larger than the index is fine: the tail is
             padded.
         ef : int, optional
-            Beam width of the graph search (default ``info()["default_ef"]``,
-            64, raised to the shortlist size).
+            Beam width of the graph search over codes (default
+            ``info()["default_ef"]``, 64; at least k). The shortlist is drawn
+            from every node the search scores, so ef and oversample are
+            independent.
         oversample : float >= 1, optional
             Shortlist = ceil(k * oversample) candidates re-scored with the
             float32 vectors (default per quantization and dim,
