@@ -89,85 +89,51 @@ def _minilm_wordnet(n_queries):
 
 
 # -- user files -----------------------------------------------------------------
-def _read_vecs(path: Path):
-    """float32 rows of an .fvecs/.bvecs/.ivecs file (memory-mapped where possible)."""
-    try:  # the package's loader, once it exists
-        from knndirect.datasets import read_vectors
-        return np.asarray(read_vectors(str(path), mmap=True))
-    except ImportError:
-        pass
-    ext = path.suffix.lower()
-    item = {".fvecs": 4, ".ivecs": 4, ".bvecs": 1}[ext]
-    raw = np.memmap(path, dtype=np.uint8, mode="r")
-    dim = int(np.frombuffer(raw[:4].tobytes(), dtype="<i4")[0])
-    row = 4 + dim * item
-    if raw.size % row:
-        raise ValueError(f"{path}: size {raw.size} is not a multiple of the row size {row}")
-    rows = raw.reshape(-1, row)[:, 4:]
-    if ext == ".fvecs":
-        return rows.view("<f4")
-    if ext == ".ivecs":
-        return rows.view("<i4")
-    return rows
-
-
-def _user_file(path: Path, n_queries, metric):
+def _user_file(path: Path, n_queries):
+    """Base and query .npy for a user file, plus (description, metric given by
+    the file, ground truth given by the file). .npy float32 files are used in
+    place (memory-mapped; the last n_queries rows are the queries); other
+    layouts are converted once into the cache."""
+    from knndirect.datasets import read_vectors
     st = path.stat()
     key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:10]
     folder = DATA / "files" / f"{path.stem}-{key}"
     ext = path.suffix.lower()
-    gt_given = None
-    metric_given = None
     if ext in (".hdf5", ".h5"):
-        base, queries = folder / "base.npy", folder / "queries.npy"
-        try:
-            import h5py
-        except ImportError:
-            raise SystemExit("reading HDF5 needs h5py (pip install h5py)") from None
-        with h5py.File(path, "r") as f:
-            distance = f.attrs.get("distance", "")
-            if isinstance(distance, bytes):
-                distance = distance.decode()
-            metric_given = {"angular": "cosine", "euclidean": "l2", "dot": "ip",
-                            "ip": "ip"}.get(str(distance))
-            if not base.exists():
-                _atomic_save(base, np.ascontiguousarray(f["train"][:], dtype=np.float32))
-            if not queries.exists():
-                _atomic_save(queries, np.ascontiguousarray(f["test"][:], dtype=np.float32))
-            if "neighbors" in f:
-                gt_given = np.asarray(f["neighbors"][:], dtype=np.int64)
+        from knndirect.datasets import ann_hdf5_metric, read_ann_hdf5
+        base, queries = folder / "base.npy", folder / f"queries-{n_queries}.npy"
+        train, test, neighbors = read_ann_hdf5(path, mmap=True)
+        if not base.exists():
+            _atomic_save(base, np.ascontiguousarray(train, dtype=np.float32))
+        if not queries.exists():
+            _atomic_save(queries, np.ascontiguousarray(test[:n_queries], dtype=np.float32))
         desc = f"{path.name} (ann-benchmarks HDF5: train / test / neighbors)"
-        q = np.load(queries, mmap_mode="r")
-        if n_queries and q.shape[0] > n_queries:
-            queries2 = folder / f"queries-{n_queries}.npy"
-            if not queries2.exists():
-                _atomic_save(queries2, np.ascontiguousarray(q[:n_queries]))
-            queries = queries2
-            if gt_given is not None:
-                gt_given = gt_given[:n_queries]
-        return base, queries, desc, metric_given, gt_given
-    if ext == ".npy":
-        x = np.load(path, mmap_mode="r")
-    elif ext in (".fvecs", ".bvecs", ".ivecs"):
-        x = _read_vecs(path)
-    else:
+        return (base, None), queries, desc, ann_hdf5_metric(path), \
+            np.asarray(neighbors[:n_queries], dtype=np.int64)
+    if ext not in (".npy", ".fvecs", ".bvecs", ".ivecs"):
         raise SystemExit(f"unknown data file type {ext!r}: use .npy, .fvecs, .bvecs, .ivecs "
                          "or an ann-benchmarks .hdf5")
-    if x.ndim != 2:
-        raise SystemExit(f"{path}: expected a 2-d array, got shape {x.shape}")
+    x = read_vectors(path, mmap=True)
+    if x.ndim != 2 or x.shape[0] <= n_queries:
+        raise SystemExit(f"{path}: expected a 2-d array with more than {n_queries} rows, "
+                         f"got shape {x.shape}")
     base, queries = folder / f"base-q{n_queries}.npy", folder / f"queries-{n_queries}.npy"
     if not queries.exists():
         _atomic_save(queries, np.ascontiguousarray(x[-n_queries:], dtype=np.float32))
+    desc = f"{path.name}; its last {n_queries} rows are the queries"
     if ext == ".npy" and x.dtype == np.float32 and x.flags.c_contiguous:
         # No copy: the workers memory-map the user's file and take its first rows.
-        base = Path(path).resolve()
-        n = x.shape[0] - n_queries
-    else:
-        if not base.exists():
-            _atomic_save(base, np.ascontiguousarray(x[:-n_queries], dtype=np.float32))
-        n = None
-    desc = f"{path.name}; the last {n_queries} rows are the queries"
-    return (base, n), queries, desc, None, None
+        return (Path(path).resolve(), x.shape[0] - n_queries), queries, desc, None, None
+    if not base.exists():
+        out = np.lib.format.open_memmap(base.with_name(base.name + ".tmp.npy"), mode="w+",
+                                        dtype=np.float32, shape=(x.shape[0] - n_queries,
+                                                                 x.shape[1]))
+        for s in range(0, out.shape[0], 65536):
+            out[s:s + 65536] = x[s:min(s + 65536, out.shape[0])]
+        out.flush()
+        del out
+        os.replace(base.with_name(base.name + ".tmp.npy"), base)
+    return (base, None), queries, desc, None, None
 
 
 def resolve(spec: str, *, n_queries=1000, metric=None, k=10) -> Dataset:
@@ -189,9 +155,7 @@ def resolve(spec: str, *, n_queries=1000, metric=None, k=10) -> Dataset:
         if not path.exists():
             raise SystemExit(f"--dataset {spec!r}: not a named set (clustered-<n>-<d>, "
                              "e.g. clustered-100k-384, or minilm-wordnet) nor an existing file")
-        base, queries, desc, metric_given, gt_given = _user_file(path, n_queries, metric)
-        if isinstance(base, tuple):
-            base, limit = base
+        (base, limit), queries, desc, metric_given, gt_given = _user_file(path, n_queries)
         name = path.stem
     metric = metric or metric_given or ("cosine" if name == "minilm-wordnet" or
                                         name.startswith("clustered") else "l2")

@@ -239,8 +239,9 @@ def markdown(result, png_name=None):
                      f"p99 {d['latency_ms']['p99']:.3f} ms)"
             parts.append(s)
         info = kd.get("search", {}).get("info", {})
-        lines.append(f"knndirect with default parameters (no tuning: ef 64 raised to the "
-                     f"shortlist, oversample {info.get('default_oversample', 'default')}): "
+        lines.append(f"knndirect with default parameters (no tuning: ef "
+                     f"{info.get('default_ef', 'default')}, oversample "
+                     f"{info.get('default_oversample', 'default')}): "
                      + "; ".join(parts) + ".")
         kdd = result["systems"].get("knndirect-disk", {})
         if kdd.get("default"):

@@ -60,6 +60,9 @@ def parse_args(argv=None):
     ap.add_argument("--build-threads", default=None,
                     help="build thread counts, each a separate build (default: 1,2; "
                          "--quick: 2); the index of the largest is searched")
+    ap.add_argument("--all-build-threads-for", default="knndirect,hnswlib",
+                    help="systems built at every --build-threads count; the others are "
+                         "built only at the largest (default: knndirect,hnswlib)")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--m", type=int, default=16)
     ap.add_argument("--ef-construction", type=int, default=200)
@@ -175,8 +178,11 @@ def bench_dataset(args, dataset_spec, systems, meta):
         if build_name not in built:
             index_dir.mkdir(exist_ok=True)
             builds = []
+            every = build_name in args.all_build_threads_for.split(",")
             for bt in args.build_threads:  # the largest last: its index is kept
                 save = bt == max(args.build_threads)
+                if not save and not every:
+                    continue
                 t = time.time()
                 r = run_worker({"phase": "build", "system": build_name, "cfg": cfg,
                                 "dataset": ds.to_json(), "threads": bt,

@@ -110,15 +110,10 @@ class Knndirect(System):
         k = self.cfg["k"]
         efs = KD_EF_QUICK if self.cfg["quick"] else KD_EF
         oss = KD_OVERSAMPLE_QUICK if self.cfg["quick"] else KD_OVERSAMPLE
-        seen = set()
+        # ef (beam width) and oversample (shortlist = ceil(k * oversample), drawn
+        # from every node the search scores) are independent knobs: sweep the grid.
         out = [{"ef": None, "oversample": None, "default": True}]
-        for os_ in oss:
-            for ef in efs:
-                eff = max(ef, math.ceil(k * os_))  # ef is raised to the shortlist
-                if (eff, os_) in seen:
-                    continue
-                seen.add((eff, os_))
-                out.append({"ef": eff, "oversample": os_})
+        out += [{"ef": ef, "oversample": os_} for os_ in oss for ef in efs if ef >= k]
         return out
 
     def search(self, index, q, point, threads):
@@ -129,7 +124,7 @@ class Knndirect(System):
     def info(self, index):
         i = index.info()
         keep = ("resident_bytes", "record_size", "io_backend", "direct_io",
-                "default_oversample", "quantization", "storage", "fallbacks")
+                "default_ef", "default_oversample", "quantization", "storage", "fallbacks")
         return {key: i[key] for key in keep if key in i}
 
     def close(self, index):
@@ -149,11 +144,8 @@ class KnndirectDisk(Knndirect):
         k = self.cfg["k"]
         out = [{"ef": None, "oversample": None, "default": True}]
         efs = [32, 128] if self.cfg["quick"] else [32, 64, 128, 256]
-        for os_ in ([2, 5] if self.cfg["quick"] else [2, 3, 5, 10]):
-            for ef in efs:
-                eff = max(ef, math.ceil(k * os_))
-                if {"ef": eff, "oversample": os_} not in out:
-                    out.append({"ef": eff, "oversample": os_})
+        oss = [2, 5] if self.cfg["quick"] else [2, 3, 5, 10]
+        out += [{"ef": ef, "oversample": os_} for os_ in oss for ef in efs if ef >= k]
         return out
 
 

@@ -1,0 +1,63 @@
+"""Checks of the measuring stick itself: python -m pytest benchmarks/test_report.py"""
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import report  # noqa: E402
+
+
+def run(recall, qps, **params):
+    return {"recall": recall, "qps": qps, "params": params, "threads": 1}
+
+
+def test_front_drops_dominated_points():
+    runs = [run(0.90, 1000), run(0.92, 800), run(0.91, 1200), run(0.99, 300), run(0.95, 200)]
+    front = report.pareto_front(runs)
+    assert [(r["recall"], r["qps"]) for r in front] == [(0.91, 1200), (0.92, 800), (0.99, 300)]
+
+
+def test_interpolation_is_linear_in_log_qps():
+    front = [run(0.90, 1000), run(1.00, 10)]
+    q = report.qps_at_recall(front, 0.95)
+    assert math.isclose(q, 100.0, rel_tol=1e-9)
+
+
+def test_not_reached_and_no_extrapolation():
+    assert report.qps_at_recall([run(0.80, 1000), run(0.94, 500)], 0.95) is None
+    assert report.qps_at_recall([], 0.95) is None
+    # every point above the target: the fastest one, not an extrapolation
+    assert report.qps_at_recall([run(0.97, 900), run(0.99, 400)], 0.95) == 900
+    # exactly on the target
+    assert math.isclose(report.qps_at_recall([run(0.90, 900), run(0.95, 400)], 0.95), 400)
+
+
+def _result(kd_qps, hn_qps, peer_qps, kd_build=10.0, hn_build=8.0):
+    def entry(q, build):
+        e = {"status": "ok", "builds": [{"build_threads": 2, "build_s": build}],
+             "search": {"runs": [run(0.90, q * 2), run(0.99, q / 2)]}}
+        for r in e["search"]["runs"]:
+            r["threads"] = 1
+        return report.summarize_system(e, [1])
+    res = {"dataset": {"n": 1000, "dim": 768},
+           "config": {"threads": [1], "build_threads": [2], "k": 10},
+           "systems": {"knndirect": entry(kd_qps, kd_build), "hnswlib": entry(hn_qps, hn_build),
+                       "usearch": entry(peer_qps, 1.0)}}
+    res["systems"]["knndirect"]["opened_resident_bytes"] = 1000 * 300
+    return res
+
+
+def test_targets_pass_and_fail():
+    rows = {r["target"].split(",")[0]: r for r in report.evaluate_targets(_result(300, 100, 250))}
+    assert rows["QPS@0.95 knndirect / hnswlib"]["pass"] is True
+    assert math.isclose(rows["QPS@0.95 knndirect / hnswlib"]["measured"], 3.0)
+    assert rows["QPS@0.95 knndirect / best peer"]["pass"] is True
+    assert "usearch" in rows["QPS@0.95 knndirect / best peer"]["detail"]
+    assert rows["build time knndirect / hnswlib"]["pass"] is False
+    res = [r for r in report.evaluate_targets(_result(300, 100, 250))
+           if r["target"].startswith("resident")][0]
+    assert res["pass"] is True and math.isclose(res["measured"], 300 / 3072)
+    rows = {r["target"].split(",")[0]: r for r in report.evaluate_targets(_result(120, 100, 400))}
+    assert rows["QPS@0.95 knndirect / hnswlib"]["pass"] is False
+    assert rows["QPS@0.95 knndirect / best peer"]["pass"] is False
