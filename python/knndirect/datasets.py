@@ -233,7 +233,24 @@ def write_bvecs(path, x):
 def clustered(n, dim, *, n_clusters=64, spread=0.5, seed=0):
     """Clustered float32 data with a decaying spectrum: cluster centres and
     within-cluster noise both scale dimension i by 1/sqrt(1 + i/8), as real
-    embeddings concentrate their variance in few directions."""
+    embeddings concentrate their variance in few directions.
+
+    Parameters
+    ----------
+    n, dim : int
+        Number of vectors and their dimension.
+    n_clusters : int
+        Gaussian clusters the points are drawn around.
+    spread : float
+        Within-cluster noise relative to the spread of the centres.
+    seed : int
+        Seed of numpy's default generator; the same arguments give the same
+        data.
+
+    Returns
+    -------
+    numpy.ndarray of float32, shape (n, dim), C-contiguous
+    """
     rng = np.random.default_rng(seed)
     scale = (1.0 / np.sqrt(1.0 + np.arange(dim) / 8.0)).astype(np.float32)
     centres = rng.standard_normal((n_clusters, dim), dtype=np.float32) * scale
@@ -248,7 +265,26 @@ def clustered(n, dim, *, n_clusters=64, spread=0.5, seed=0):
 
 
 def ground_truth(data, queries, k, metric="l2", *, block=4096):
-    """Exact top-k ids (and scores) by brute force in float64, best first."""
+    """Exact top-k by brute force in float64, best first.
+
+    Parameters
+    ----------
+    data : array_like, shape (n, dim)
+    queries : array_like, shape (nq, dim)
+    k : int
+        Clipped to n.
+    metric : {"l2", "ip", "cosine"}
+    block : int
+        Rows of data scored at a time (bounds the temporary memory).
+
+    Returns
+    -------
+    ids : numpy.ndarray of int64, shape (nq, min(k, n))
+        Row numbers into data (the default ids of an index built from it).
+    scores : numpy.ndarray of float64, shape (nq, min(k, n))
+        Squared distances (l2, ascending) or similarities (ip, cosine,
+        descending).
+    """
     data = np.asarray(data, dtype=np.float32)
     queries = np.asarray(queries, dtype=np.float32)
     if metric == "cosine":
@@ -275,7 +311,20 @@ def ground_truth(data, queries, k, metric="l2", *, block=4096):
 
 
 def recall_at_k(found, truth, k=10):
-    """Mean fraction of the true top-k ids found in the first k results."""
+    """Mean fraction of the true top-k ids found in the first k results.
+
+    Parameters
+    ----------
+    found : array_like of int, shape (nq, >= k)
+        Result ids, e.g. the I of ``Index.search``.
+    truth : array_like of int, shape (nq, >= k)
+        True neighbour ids, best first.
+    k : int
+
+    Returns
+    -------
+    float in [0, 1]
+    """
     found = np.asarray(found)[:, :k]
     truth = np.asarray(truth)[:, :k]
     hits = sum(len(set(f.tolist()) & set(t.tolist())) for f, t in zip(found, truth))
