@@ -175,10 +175,10 @@ def read_ann_hdf5(path, *, mmap=True):
 
 
 def ann_hdf5_metric(path):
-    """The knndirect metric for an ann-benchmarks HDF5 file's "distance"
-    attribute: "euclidean" -> "l2", "angular" / "cosine" -> "cosine",
-    "dot" / "ip" / "inner_product" -> "ip". Returns None when the attribute
-    is absent or unknown. Needs h5py."""
+    """The knndirect metric for the "distance" attribute of the
+    ann-benchmarks HDF5 file at path: "euclidean" -> "l2", "angular" /
+    "cosine" -> "cosine", "dot" / "ip" / "inner_product" -> "ip". Returns
+    None when the attribute is absent or unknown. Needs h5py."""
     h5py = _import_h5py()
     with h5py.File(os.fspath(path), "r") as f:
         distance = f.attrs.get("distance")
@@ -215,18 +215,22 @@ def _write_vecs(path, x, dtype, what):
 
 
 def write_fvecs(path, x):
-    """Write x (n, dim), converted to float32, as a .fvecs file."""
+    """Write x, an array (n, dim), converted to float32, to path as a
+    .fvecs file: per row, an int32 dim then dim float32 values."""
     _write_vecs(path, x, _VECS_DTYPES[".fvecs"], "write_fvecs")
 
 
 def write_ivecs(path, x):
-    """Write x (n, dim) of integers in int32 range as an .ivecs file (for
-    example ground-truth neighbour ids)."""
+    """Write x, an integer array (n, dim) in int32 range, to path as an
+    .ivecs file (for example ground-truth neighbour ids). Values out of
+    range raise ValueError, non-integers TypeError."""
     _write_vecs(path, x, _VECS_DTYPES[".ivecs"], "write_ivecs")
 
 
 def write_bvecs(path, x):
-    """Write x (n, dim) of integers in [0, 255] as a .bvecs file (uint8)."""
+    """Write x, an integer array (n, dim) in [0, 255], to path as a .bvecs
+    file (uint8 values). Values out of range raise ValueError, non-integers
+    TypeError."""
     _write_vecs(path, x, _VECS_DTYPES[".bvecs"], "write_bvecs")
 
 
