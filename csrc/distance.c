@@ -36,7 +36,22 @@ static float dot_scalar(const float *a, const float *b, size_t d)
     return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
-static const struct kd_kernels scalar_kernels = {"scalar", l2sq_scalar, dot_scalar};
+static void dot4_scalar(const float *const q[4], const float *x, size_t d, float out[4],
+                        float *xx)
+{
+    for (int j = 0; j < 4; j++)
+        out[j] = dot_scalar(q[j], x, d);
+    *xx = dot_scalar(x, x, d);
+}
+
+static void l2sq4_scalar(const float *const q[4], const float *x, size_t d, float out[4])
+{
+    for (int j = 0; j < 4; j++)
+        out[j] = l2sq_scalar(q[j], x, d);
+}
+
+static const struct kd_kernels scalar_kernels = {"scalar", l2sq_scalar, dot_scalar, dot4_scalar,
+                                                 l2sq4_scalar};
 
 #ifdef KD_X86
 #define AVX2 __attribute__((target("avx2,fma")))
@@ -96,7 +111,150 @@ AVX2 static float dot_avx2(const float *a, const float *b, size_t d)
     return hsum256(_mm256_add_ps(s0, s1));
 }
 
-static const struct kd_kernels avx2_kernels = {"avx2", l2sq_avx2, dot_avx2};
+AVX2 static void dot4_avx2(const float *const q[4], const float *x, size_t d, float out[4],
+                           float *xx)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps();
+    __m256 s3 = _mm256_setzero_ps(), sx = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q[0] + i), v, s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q[1] + i), v, s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(q[2] + i), v, s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(q[3] + i), v, s3);
+        sx = _mm256_fmadd_ps(v, v, sx);
+    }
+    if (i < d) {
+        __m256i m = tail_mask(d - i);
+        __m256 v = _mm256_maskload_ps(x + i, m);
+        s0 = _mm256_fmadd_ps(_mm256_maskload_ps(q[0] + i, m), v, s0);
+        s1 = _mm256_fmadd_ps(_mm256_maskload_ps(q[1] + i, m), v, s1);
+        s2 = _mm256_fmadd_ps(_mm256_maskload_ps(q[2] + i, m), v, s2);
+        s3 = _mm256_fmadd_ps(_mm256_maskload_ps(q[3] + i, m), v, s3);
+        sx = _mm256_fmadd_ps(v, v, sx);
+    }
+    out[0] = hsum256(s0);
+    out[1] = hsum256(s1);
+    out[2] = hsum256(s2);
+    out[3] = hsum256(s3);
+    *xx = hsum256(sx);
+}
+
+AVX2 static void l2sq4_avx2(const float *const q[4], const float *x, size_t d, float out[4])
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps();
+    __m256 s3 = _mm256_setzero_ps();
+    size_t i = 0;
+#define L2_STEP(acc, qj, v)                                                             \
+    do {                                                                                \
+        __m256 t_ = _mm256_sub_ps(qj, v);                                               \
+        acc = _mm256_fmadd_ps(t_, t_, acc);                                             \
+    } while (0)
+    for (; i + 8 <= d; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        L2_STEP(s0, _mm256_loadu_ps(q[0] + i), v);
+        L2_STEP(s1, _mm256_loadu_ps(q[1] + i), v);
+        L2_STEP(s2, _mm256_loadu_ps(q[2] + i), v);
+        L2_STEP(s3, _mm256_loadu_ps(q[3] + i), v);
+    }
+    if (i < d) {
+        __m256i m = tail_mask(d - i);
+        __m256 v = _mm256_maskload_ps(x + i, m);
+        L2_STEP(s0, _mm256_maskload_ps(q[0] + i, m), v);
+        L2_STEP(s1, _mm256_maskload_ps(q[1] + i, m), v);
+        L2_STEP(s2, _mm256_maskload_ps(q[2] + i, m), v);
+        L2_STEP(s3, _mm256_maskload_ps(q[3] + i, m), v);
+    }
+#undef L2_STEP
+    out[0] = hsum256(s0);
+    out[1] = hsum256(s1);
+    out[2] = hsum256(s2);
+    out[3] = hsum256(s3);
+}
+
+static const struct kd_kernels avx2_kernels = {"avx2", l2sq_avx2, dot_avx2, dot4_avx2, l2sq4_avx2};
+
+/* AVX-512: masked loads handle any tail. */
+#define AVX512 __attribute__((target("avx512f")))
+
+AVX512 static inline __mmask16 mask16(size_t r)
+{
+    return (__mmask16)((1u << r) - 1u);
+}
+
+AVX512 static float l2sq_avx512(const float *a, const float *b, size_t d)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= d; i += 32) {
+        __m512 t0 = _mm512_sub_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
+        __m512 t1 = _mm512_sub_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16));
+        s0 = _mm512_fmadd_ps(t0, t0, s0);
+        s1 = _mm512_fmadd_ps(t1, t1, s1);
+    }
+    for (; i < d; i += 16) {
+        __mmask16 m = d - i >= 16 ? (__mmask16)0xffff : mask16(d - i);
+        __m512 t = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i));
+        s0 = _mm512_fmadd_ps(t, t, s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+AVX512 static float dot_avx512(const float *a, const float *b, size_t d)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= d; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i < d; i += 16) {
+        __mmask16 m = d - i >= 16 ? (__mmask16)0xffff : mask16(d - i);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+AVX512 static void dot4_avx512(const float *const q[4], const float *x, size_t d, float out[4],
+                               float *xx)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps();
+    __m512 s3 = _mm512_setzero_ps(), sx = _mm512_setzero_ps();
+    for (size_t i = 0; i < d; i += 16) {
+        __mmask16 m = d - i >= 16 ? (__mmask16)0xffff : mask16(d - i);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q[0] + i), v, s0);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q[1] + i), v, s1);
+        s2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q[2] + i), v, s2);
+        s3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q[3] + i), v, s3);
+        sx = _mm512_fmadd_ps(v, v, sx);
+    }
+    out[0] = _mm512_reduce_add_ps(s0);
+    out[1] = _mm512_reduce_add_ps(s1);
+    out[2] = _mm512_reduce_add_ps(s2);
+    out[3] = _mm512_reduce_add_ps(s3);
+    *xx = _mm512_reduce_add_ps(sx);
+}
+
+AVX512 static void l2sq4_avx512(const float *const q[4], const float *x, size_t d, float out[4])
+{
+    __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+    for (size_t i = 0; i < d; i += 16) {
+        __mmask16 m = d - i >= 16 ? (__mmask16)0xffff : mask16(d - i);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        for (int j = 0; j < 4; j++) {
+            __m512 t = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, q[j] + i), v);
+            s[j] = _mm512_fmadd_ps(t, t, s[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++)
+        out[j] = _mm512_reduce_add_ps(s[j]);
+}
+
+static const struct kd_kernels avx512_kernels = {"avx512", l2sq_avx512, dot_avx512, dot4_avx512,
+                                                 l2sq4_avx512};
 
 int kd_cpu_has_avx2(void)
 {
@@ -121,6 +279,8 @@ const struct kd_kernels *kd_kernels_named(const char *name)
 #ifdef KD_X86
     if (strcmp(name, "avx2") == 0 && kd_cpu_has_avx2())
         return &avx2_kernels;
+    if (strcmp(name, "avx512") == 0 && kd_cpu_has_avx512())
+        return &avx512_kernels;
 #endif
     return NULL;
 }
@@ -130,7 +290,9 @@ const struct kd_kernels *kd_kernels(void)
     static const struct kd_kernels *chosen;
     const struct kd_kernels *k = __atomic_load_n(&chosen, __ATOMIC_ACQUIRE);
     if (!k) {
-        k = kd_kernels_named("avx2");
+        k = kd_kernels_named("avx512");
+        if (!k)
+            k = kd_kernels_named("avx2");
         if (!k)
             k = &scalar_kernels;
         __atomic_store_n(&chosen, k, __ATOMIC_RELEASE);

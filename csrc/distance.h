@@ -7,16 +7,25 @@
 #include <stddef.h>
 
 typedef float (*kd_pair_fn)(const float *a, const float *b, size_t d);
+/* Inner products of four queries with x, and |x|^2, in one pass over x: the
+ * block that lets exact search reuse each loaded vector four times. */
+typedef void (*kd_block_fn)(const float *const q[4], const float *x, size_t d, float out[4],
+                            float *xx);
+/* Squared distances of four queries to x in one pass over x. */
+typedef void (*kd_block_l2_fn)(const float *const q[4], const float *x, size_t d, float out[4]);
 
 struct kd_kernels {
-    const char *name;     /* "scalar", "avx2" */
+    const char *name;     /* "scalar", "avx2", "avx512" */
     kd_pair_fn l2sq;      /* sum (a-b)^2 */
     kd_pair_fn dot;       /* sum a*b */
+    kd_block_fn dot4;
+    kd_block_l2_fn l2sq4;
 };
 
 /* The kernels in use (chosen once, on first call, from the CPU's features). */
 const struct kd_kernels *kd_kernels(void);
-/* A named variant, or NULL if this CPU or build lacks it. */
+/* A named variant ("scalar", "avx2", "avx512"), or NULL if this CPU or
+ * build lacks it. */
 const struct kd_kernels *kd_kernels_named(const char *name);
 
 int kd_cpu_has_avx2(void);

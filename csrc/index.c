@@ -1,6 +1,7 @@
 #include "index.h"
 #include "common.h"
 #include "distance.h"
+#include "exact.h"
 #include "format.h"
 #include "hnsw.h"
 #include "idmap.h"
@@ -96,6 +97,11 @@ double kd_default_oversample(int quantization, uint32_t dim)
 static int valid_quantization(uint32_t q)
 {
     return q == KD_Q_1BIT || q == KD_Q_4BIT || q == KD_Q_8BIT;
+}
+
+static unsigned resolve_threads(unsigned t)
+{
+    return t ? t : kd_cpu_count();
 }
 
 /* ---- distances */
@@ -219,46 +225,6 @@ static void stats_add(struct kd_index *ix, const struct kd_stats *s)
 
 /* ---- exact scoring of rows, from memory or by batch reads */
 
-/* Keep the k best (smallest) in a max-heap of size <= k. */
-static inline void top_offer(struct kd_heap_item *h, size_t *n, size_t k, float d, uint32_t row)
-{
-    if (*n < k) {
-        size_t i = (*n)++;
-        while (i > 0) {
-            size_t p = (i - 1) / 2;
-            if (h[p].dist >= d)
-                break;
-            h[i] = h[p];
-            i = p;
-        }
-        h[i].dist = d;
-        h[i].row = row;
-    } else if (k && d < h[0].dist) {
-        size_t i = 0;
-        for (;;) {
-            size_t c = 2 * i + 1;
-            if (c >= k)
-                break;
-            if (c + 1 < k && h[c + 1].dist > h[c].dist)
-                c++;
-            if (h[c].dist <= d)
-                break;
-            h[i] = h[c];
-            i = c;
-        }
-        h[i].dist = d;
-        h[i].row = row;
-    }
-}
-
-static int cmp_heap_item(const void *a, const void *b)
-{
-    const struct kd_heap_item *x = a, *y = b;
-    if (x->dist != y->dist)
-        return (x->dist > y->dist) - (x->dist < y->dist);
-    return (x->row > y->row) - (x->row < y->row);
-}
-
 /* Score rows[0..n) exactly into the top-k heap. */
 static int score_rows(struct kd_index *ix, struct kd_ctx *c, const float *qn,
                       const uint32_t *rows, size_t n, size_t k, size_t *ntop)
@@ -274,7 +240,7 @@ static int score_rows(struct kd_index *ix, struct kd_ctx *c, const float *qn,
             }
             const float *v = ix->vectors + (size_t)rows[i] * ix->p.dim;
             float inv = ix->inv_norms ? ix->inv_norms[rows[i]] : 0;
-            top_offer(c->top, ntop, k, exact_dist(ix, qn, v, inv), rows[i]);
+            kd_topk_offer(c->top, ntop, k, exact_dist(ix, qn, v, inv), rows[i]);
         }
         return 0;
     }
@@ -298,47 +264,10 @@ static int score_rows(struct kd_index *ix, struct kd_ctx *c, const float *qn,
         for (size_t i = 0; i < m; i++) {
             const float *v = (const float *)(c->buf + i * ix->record_stride);
             float inv = ix->p.metric == KD_COSINE ? inv_norm_of(ix, v) : 0;
-            top_offer(c->top, ntop, k, exact_dist(ix, qn, v, inv), rows[at + i]);
+            kd_topk_offer(c->top, ntop, k, exact_dist(ix, qn, v, inv), rows[at + i]);
         }
     }
     return 0;
-}
-
-/* Brute force over every live slot (or over `rows` when given). */
-static int exact_scan(struct kd_index *ix, struct kd_ctx *c, const float *qn, size_t k,
-                      const uint32_t *rows, size_t nrows, size_t *ntop)
-{
-    if (rows)
-        return score_rows(ix, c, qn, rows, nrows, k, ntop);
-    if (!ix->on_disk) {
-        for (uint64_t r = 0; r < ix->count; r++) {
-            if (ix->deleted[r])
-                continue;
-            float inv = ix->inv_norms ? ix->inv_norms[r] : 0;
-            top_offer(c->top, ntop, k,
-                      exact_dist(ix, qn, ix->vectors + r * ix->p.dim, inv), (uint32_t)r);
-        }
-        return 0;
-    }
-    size_t chunk = (4u << 20) / ix->record_stride;
-    chunk = chunk ? chunk : 1;
-    int err = ctx_buf(ix, c, chunk);
-    for (uint64_t at = 0; !err && at < ix->count; at += chunk) {
-        uint64_t m = ix->count - at < chunk ? ix->count - at : chunk;
-        struct kd_io_counters io = {0};
-        err = kd_vecio_read_range(ix->vio, at, m, c->buf, &io);
-        c->st.read_ops += io.read_ops;
-        c->st.read_bytes += io.read_bytes;
-        c->st.io_wait_ns += io.wait_ns;
-        for (uint64_t i = 0; !err && i < m; i++) {
-            if (ix->deleted[at + i])
-                continue;
-            const float *v = (const float *)(c->buf + i * ix->record_stride);
-            float inv = ix->p.metric == KD_COSINE ? inv_norm_of(ix, v) : 0;
-            top_offer(c->top, ntop, k, exact_dist(ix, qn, v, inv), (uint32_t)(at + i));
-        }
-    }
-    return err;
 }
 
 /* ---- search */
@@ -407,82 +336,132 @@ static int prefer_exact(const struct kd_index *ix, const struct filter_set *f, s
     return exact_cost <= graph_cost;
 }
 
-static int search_one(struct kd_index *ix, struct kd_ctx *c, const float *q,
-                      const struct kd_search_params *sp, const struct filter_set *f, float *D,
-                      int64_t *I)
+static const float *normalized_query(const struct kd_index *ix, const float *q, float *buf)
 {
-    size_t k = sp->k, ntop = 0;
-    const float *qn = q;
-    int err = ctx_top(c, k);
-    if (err)
-        return err;
-    if (ix->p.metric == KD_COSINE) {
-        float inv = inv_norm_of(ix, q);
-        for (uint32_t i = 0; i < ix->p.dim; i++)
-            c->qn[i] = q[i] * inv;
-        qn = c->qn;
-    }
-    size_t L = shortlist_size(ix, sp);
-    size_t ef = sp->ef ? sp->ef : DEFAULT_EF;
-    if (ef < k)
-        ef = k;
-    /* A shortlist as large as the index is a full scan anyway. */
-    int exact = sp->exact || prefer_exact(ix, f, ef) || ix->graph.entry == KD_NONE ||
-                L >= ix->live;
-    int done = 0;
+    if (ix->p.metric != KD_COSINE)
+        return q;
+    float inv = inv_norm_of(ix, q);
+    for (uint32_t i = 0; i < ix->p.dim; i++)
+        buf[i] = q[i] * inv;
+    return buf;
+}
 
-    if (!exact) {
-        uint64_t t0 = kd_now_ns();
-        err = kd_scratch_reserve(&c->s, ix->count, ef, ix->graph.m0);
-        if (err)
-            return err;
-        kd_qcode_prepare(&ix->quant, qn, &c->qc);
-        struct estimate_ctx e = {ix, &c->qc};
-        struct accept_ctx a = {ix, f->allowed};
-        size_t nres = kd_graph_search(&ix->graph, &c->s, ef, L, estimate_rows, prefetch_codes,
-                                      &e, accept_live, &a);
-        const struct kd_heap_item *res = c->s.out;
-        uint64_t t1 = kd_now_ns();
-        c->st.graph_ns += t1 - t0;
-        if (nres < k && f->allowed && f->nrows > nres) {
-            exact = 1;   /* the filter starved the beam: answer exactly */
-        } else if (!sp->rerank) {
-            for (size_t i = 0; i < nres && i < k; i++)
-                c->top[ntop++] = res[i];
-            done = 1;
-        } else {
-            size_t n = nres < L ? nres : L;
-            if ((err = ctx_rows(c, n)))
-                return err;
-            for (size_t i = 0; i < n; i++)
-                c->rows[i] = res[i].row;
-            uint64_t io0 = c->st.io_wait_ns;
-            err = score_rows(ix, c, qn, c->rows, n, k, &ntop);
-            if (err)
-                return err;
-            c->st.rerank_vectors += n;
-            c->st.rerank_ns += kd_now_ns() - t1 - (c->st.io_wait_ns - io0);
-            done = 1;
-        }
-    }
-    if (!done) {
-        c->st.exact_queries++;
-        err = exact_scan(ix, c, qn, k, f->allowed ? f->rows : NULL, f->nrows, &ntop);
-        if (err)
-            return err;
-    }
-    qsort(c->top, ntop, sizeof *c->top, cmp_heap_item);
+static void write_results(const struct kd_index *ix, const struct kd_heap_item *top,
+                          size_t ntop, size_t k, float *D, int64_t *I)
+{
     for (size_t i = 0; i < k; i++) {
         if (i < ntop) {
-            D[i] = to_user(ix, c->top[i].dist);
-            I[i] = ix->ids[c->top[i].row];
+            D[i] = to_user(ix, top[i].dist);
+            I[i] = ix->ids[top[i].row];
         } else {
             D[i] = missing_value(ix);
             I[i] = -1;
         }
     }
+}
+
+static struct kd_exact_data exact_data(const struct kd_index *ix)
+{
+    struct kd_exact_data d = {ix->p.metric, ix->p.dim, ix->on_disk ? NULL : ix->vectors,
+                              ix->vio, ix->record_stride, ix->deleted, ix->count, ix->kern};
+    return d;
+}
+
+/* Graph search over codes, then the shortlist re-scored exactly. */
+static int search_one(struct kd_index *ix, struct kd_ctx *c, const float *q,
+                      const struct kd_search_params *sp, const struct filter_set *f, float *D,
+                      int64_t *I)
+{
+    size_t k = sp->k, ntop = 0;
+    int err = ctx_top(c, k);
+    if (err)
+        return err;
+    const float *qn = normalized_query(ix, q, c->qn);
+    size_t L = shortlist_size(ix, sp), ef = sp->ef ? sp->ef : DEFAULT_EF;
+    if (ef < k)
+        ef = k;
+    uint64_t t0 = kd_now_ns();
+    if ((err = kd_scratch_reserve(&c->s, ix->count, ef, ix->graph.m0)))
+        return err;
+    kd_qcode_prepare(&ix->quant, qn, &c->qc);
+    struct estimate_ctx e = {ix, &c->qc};
+    struct accept_ctx a = {ix, f->allowed};
+    size_t nres = kd_graph_search(&ix->graph, &c->s, ef, L, estimate_rows, prefetch_codes, &e,
+                                  accept_live, &a);
+    const struct kd_heap_item *res = c->s.out;
+    uint64_t t1 = kd_now_ns();
+    c->st.graph_ns += t1 - t0;
+    if (nres < k && f->allowed && f->nrows > nres) {
+        /* The filter starved the beam: answer this query exactly. */
+        struct kd_exact_data d = exact_data(ix);
+        struct kd_io_counters io = {0, 0, 0};
+        err = kd_exact_search(&d, qn, 1, k, f->rows, f->nrows, 1, c->top, &ntop, &io);
+        c->st.read_ops += io.read_ops;
+        c->st.read_bytes += io.read_bytes;
+        c->st.io_wait_ns += io.wait_ns;
+        c->st.exact_queries++;
+        if (err)
+            return err;
+    } else if (!sp->rerank) {
+        for (; ntop < nres && ntop < k; ntop++)
+            c->top[ntop] = res[ntop];
+    } else {
+        size_t n = nres < L ? nres : L;
+        if ((err = ctx_rows(c, n)))
+            return err;
+        for (size_t i = 0; i < n; i++)
+            c->rows[i] = res[i].row;
+        uint64_t io0 = c->st.io_wait_ns;
+        if ((err = score_rows(ix, c, qn, c->rows, n, k, &ntop)))
+            return err;
+        kd_topk_sort(c->top, ntop);
+        c->st.rerank_vectors += n;
+        c->st.rerank_ns += kd_now_ns() - t1 - (c->st.io_wait_ns - io0);
+    }
+    write_results(ix, c->top, ntop, k, D, I);
     c->st.queries++;
     return 0;
+}
+
+/* Brute force for a whole batch: one pass over the data serves all queries. */
+static int search_exact(struct kd_index *ix, const float *q, size_t nq,
+                        const struct kd_search_params *sp, const struct filter_set *f, float *D,
+                        int64_t *I)
+{
+    size_t k = sp->k, dim = ix->p.dim;
+    float *qn = NULL;
+    struct kd_heap_item *top = malloc(nq * k * sizeof *top);
+    size_t *ntop = malloc(nq * sizeof *ntop);
+    int err = top && ntop ? 0 : kd_fail(-ENOMEM, "out of memory for an exact search");
+    if (!err && ix->p.metric == KD_COSINE) {
+        if (!(qn = malloc(nq * dim * sizeof *qn)))
+            err = kd_fail(-ENOMEM, "out of memory for an exact search");
+        for (size_t i = 0; !err && i < nq; i++)
+            normalized_query(ix, q + i * dim, qn + i * dim);
+    }
+    struct kd_stats st = {0};
+    int nothing = ix->live == 0 || (f->allowed && f->nrows == 0);
+    if (!err && nothing) {
+        memset(ntop, 0, nq * sizeof *ntop);
+    } else if (!err) {
+        struct kd_exact_data d = exact_data(ix);
+        struct kd_io_counters io = {0, 0, 0};
+        err = kd_exact_search(&d, qn ? qn : q, nq, k, f->allowed ? f->rows : NULL, f->nrows,
+                              resolve_threads(sp->threads), top, ntop, &io);
+        st.read_ops = io.read_ops;
+        st.read_bytes = io.read_bytes;
+        st.io_wait_ns = io.wait_ns;
+    }
+    for (size_t i = 0; !err && i < nq; i++)
+        write_results(ix, top + i * k, ntop[i], k, D + i * k, I + i * k);
+    if (!err) {
+        st.queries = st.exact_queries = nq;
+        stats_add(ix, &st);
+    }
+    free(top);
+    free(ntop);
+    free(qn);
+    return err;
 }
 
 struct batch {
@@ -558,11 +537,6 @@ static int build_filter(struct kd_index *ix, const struct kd_search_params *sp,
     return 0;
 }
 
-static unsigned resolve_threads(unsigned t)
-{
-    return t ? t : kd_cpu_count();
-}
-
 int kd_index_search(struct kd_index *ix, const float *q, size_t nq,
                     const struct kd_search_params *sp, float *D, int64_t *I)
 {
@@ -574,7 +548,13 @@ int kd_index_search(struct kd_index *ix, const float *q, size_t nq,
     pthread_rwlock_rdlock(&ix->lock);
     struct filter_set f;
     err = build_filter(ix, sp, &f);
-    if (!err) {
+    size_t L = shortlist_size(ix, sp), ef = sp->ef ? sp->ef : DEFAULT_EF;
+    /* A shortlist as large as the index is a full scan anyway. */
+    int exact = sp->exact || ix->graph.entry == KD_NONE || L >= ix->live ||
+                prefer_exact(ix, &f, ef > L ? ef : L);
+    if (!err && exact) {
+        err = search_exact(ix, q, nq, sp, &f, D, I);
+    } else if (!err) {
         struct batch b = {ix, q, nq, sp, &f, D, I, 0, 0, "", PTHREAD_MUTEX_INITIALIZER};
         unsigned threads = resolve_threads(sp->threads);
         if (threads > nq)
@@ -928,7 +908,17 @@ void kd_index_vector_layout(const struct kd_index *ix, size_t *alignment, size_t
 
 static int write_vectors(struct kd_index *ix, struct kd_container_writer *cw)
 {
-    size_t chunk = (4u << 20) / ix->record_stride;
+    const size_t piece = 4u << 20;
+    if (!ix->on_disk && ix->record_stride == ix->record_bytes) {
+        /* Packed in memory exactly as in the file: written from the array. */
+        const uint8_t *p = (const uint8_t *)ix->vectors;
+        uint64_t total = ix->count * ix->record_bytes;
+        int err = 0;
+        for (uint64_t at = 0; !err && at < total; at += piece)
+            err = kd_cw_write(cw, p + at, total - at < piece ? (size_t)(total - at) : piece);
+        return err;
+    }
+    size_t chunk = piece / ix->record_stride;
     chunk = chunk ? chunk : 1;
     size_t align = ix->vio ? kd_vecio_buffer_alignment(ix->vio) : 64;
     uint8_t *buf = kd_alloc_aligned(align, chunk * ix->record_stride);
@@ -938,7 +928,9 @@ static int write_vectors(struct kd_index *ix, struct kd_container_writer *cw)
     for (uint64_t at = 0; !err && at < ix->count; at += chunk) {
         uint64_t m = ix->count - at < chunk ? ix->count - at : chunk;
         if (ix->on_disk) {
+            /* A range read leaves the padding of its last record unset. */
             struct kd_io_counters io = {0};
+            memset(buf, 0, m * ix->record_stride);
             err = kd_vecio_read_range(ix->vio, at, m, buf, &io);
         } else {
             memset(buf, 0, m * ix->record_stride);
@@ -961,6 +953,7 @@ static int write_section(struct kd_container_writer *cw, uint32_t id, const void
     return err ? err : kd_cw_section_end(cw);
 }
 
+/* Sections are written in the order kd_index_load reads them back. */
 int kd_index_save(struct kd_index *ix, struct kd_writer *w)
 {
     pthread_rwlock_rdlock(&ix->lock);
@@ -1015,6 +1008,8 @@ int kd_index_save(struct kd_index *ix, struct kd_writer *w)
         err = kd_cw_section_end(&cw);
     if (!err)
         err = kd_cw_finish(&cw);
+    else
+        kd_cw_discard(&cw);
     pthread_rwlock_unlock(&ix->lock);
     return err;
 }
@@ -1026,45 +1021,39 @@ int kd_index_save_path(struct kd_index *ix, const char *path)
     return kd_save_atomic(path, emit_index, ix);
 }
 
-/* ---- reading */
+/* ---- reading
+ *
+ * kd_index_load reads a stream (a kd_reader: a file, a memory buffer, a Python
+ * file object; a pipe works) section by section, in the order kd_index_save
+ * wrote them, straight into the arrays of a new in-memory index. Every
+ * checksum is computed on the way (vectors included) and compared with the
+ * section table at the end; the graph is range-checked as it arrives. Peak
+ * memory: the index itself plus a 1 MiB read-ahead buffer; no second copy of
+ * the file is ever held.
+ *
+ * kd_index_open maps a file and leaves its vectors on disk. The metadata
+ * sections are checked at open (checksums, graph ranges, ids): those named in
+ * `preload` through the mapping, which leaves them in the page cache, the
+ * others with O_DIRECT reads, which do not. The whole mapping is MADV_RANDOM,
+ * so a page that is not resident costs one 4 KiB read, not a read-around. */
 
-struct parsed {
-    struct kd_container c;
-    struct kd_meta meta;
-    const float *centres, *sq_lo, *sq_step;
-    const uint8_t *signs;
-    const struct kd_section *ids, *deleted, *codes, *levels, *level0, *upper, *vectors;
-};
-
-static const uint8_t *sec_data(const struct parsed *p, const struct kd_section *s)
+static void prefix_path(const char *path)
 {
-    return p->c.base + s->offset;
+    char msg[KD_ERRMSG_LEN];
+    snprintf(msg, sizeof msg, "%s: %s", path, kd_last_error());
+    kd_set_error_text(msg);
 }
 
-/* Validate that the sections agree with the metadata, so that no offset
- * computed later can leave them. */
-static int parse_index(struct parsed *p, const uint8_t *base, uint64_t size, int verify_vectors)
+static size_t meta_extra_bytes(const struct kd_meta *m)
 {
-    int err = kd_container_parse(&p->c, base, size, verify_vectors ? 0 : 1u << KD_SEC_VECTORS);
-    if (err)
-        return err;
-    const struct kd_section *meta = kd_container_find(&p->c, KD_SEC_META);
-#define NEED(field, id)                                                                 \
-    if (!(p->field = kd_container_find(&p->c, id)))                                     \
-        return kd_fail(-EINVAL, "index file lacks section %d", id);
-    NEED(ids, KD_SEC_IDS)
-    NEED(deleted, KD_SEC_DELETED)
-    NEED(codes, KD_SEC_CODES)
-    NEED(levels, KD_SEC_LEVELS)
-    NEED(level0, KD_SEC_LEVEL0)
-    NEED(upper, KD_SEC_UPPER)
-    NEED(vectors, KD_SEC_VECTORS)
-#undef NEED
-    if (!meta || meta->length < sizeof p->meta)
-        return kd_fail(-EINVAL, "index metadata is missing or short");
-    memcpy(&p->meta, base + meta->offset, sizeof p->meta);
-    const struct kd_meta *m = &p->meta;
     struct kd_quant probe = {0};
+    probe.pdim = m->pdim;
+    return ((size_t)m->ncentres + 2) * m->dim * sizeof(float) + kd_quant_signs_bytes(&probe);
+}
+
+/* The metadata every later size and offset is computed from. */
+static int check_meta(const struct kd_meta *m)
+{
     if (m->dim == 0 || m->dim > (1u << 20) || m->metric > KD_COSINE ||
         !valid_quantization(m->quantization) || m->m < 2 || m->m > 256 || m->m0 != 2 * m->m ||
         m->pdim != kd_quant_padded_dim(m->dim) ||
@@ -1072,168 +1061,274 @@ static int parse_index(struct parsed *p, const uint8_t *base, uint64_t size, int
                              ? m->pdim / 8 + sizeof(struct kd_code_tail)
                              : (m->dim * m->quantization + 7) / 8) ||
         m->record_bytes != m->dim * 4 || m->record_stride < m->record_bytes ||
-        m->count >= UINT32_MAX || m->live > m->count || m->max_level > KD_MAX_LEVEL ||
+        m->record_stride > m->record_bytes + (1u << 24) || m->count >= UINT32_MAX ||
+        m->live > m->count || m->max_level < -1 || m->max_level > KD_MAX_LEVEL ||
         (m->count && m->entry >= m->count) || (!m->count && m->max_level != -1) ||
         m->ncentres < 1 || m->ncentres > KD_MAX_CENTRES)
         return kd_fail(-EINVAL, "index metadata is inconsistent");
-    probe.pdim = m->pdim;
-    size_t extra = ((size_t)m->ncentres + 2) * m->dim * sizeof(float) +
-                   kd_quant_signs_bytes(&probe);
-    if (meta->length != sizeof *m + extra)
-        return kd_fail(-EINVAL, "index metadata has the wrong size");
-    p->centres = (const float *)(base + meta->offset + sizeof *m);
-    p->signs = base + meta->offset + sizeof *m + (size_t)m->ncentres * m->dim * sizeof(float);
-    p->sq_lo = (const float *)(p->signs + kd_quant_signs_bytes(&probe));
-    p->sq_step = p->sq_lo + m->dim;
-    uint64_t n = m->count;
-    if (p->ids->length != n * 8 || p->deleted->length != n || p->codes->length != n * m->code_size ||
-        p->levels->length != n || p->level0->length != n * (1 + m->m0) * 4 ||
-        p->vectors->length != n * m->record_stride)
-        return kd_fail(-EINVAL, "index sections do not match the vector count");
-    const uint8_t *lv = sec_data(p, p->levels);
-    uint64_t upper = 0;
+    return 0;
+}
+
+/* Levels: each within max_level; their sum goes to *upper. */
+static int check_levels(const uint8_t *lv, uint64_t n, int32_t max_level, uint64_t *upper)
+{
+    uint64_t sum = 0;
     for (uint64_t i = 0; i < n; i++) {
-        if (lv[i] > KD_MAX_LEVEL || (int32_t)lv[i] > m->max_level)
+        if ((int32_t)lv[i] > max_level)
             return kd_fail(-EINVAL, "index graph is corrupted (bad level)");
-        upper += lv[i];
+        sum += lv[i];
     }
-    if (p->upper->length != upper * (1 + m->m) * 4)
-        return kd_fail(-EINVAL, "index graph is corrupted (upper levels)");
-    const uint32_t *l0 = (const uint32_t *)sec_data(p, p->level0);
-    for (uint64_t i = 0; i < n; i++) {
-        const uint32_t *l = l0 + i * (1 + m->m0);
-        if (l[0] > m->m0)
+    *upper += sum;
+    return 0;
+}
+
+/* nlists neighbour lists of [length, cap neighbours]: length <= cap, every
+ * neighbour < count. */
+static int check_lists(const uint32_t *l, uint64_t nlists, uint32_t cap, uint64_t count)
+{
+    for (uint64_t i = 0; i < nlists; i++, l += 1 + cap) {
+        if (l[0] > cap)
             return kd_fail(-EINVAL, "index graph is corrupted (list length)");
         for (uint32_t j = 1; j <= l[0]; j++)
-            if (l[j] >= n)
-                return kd_fail(-EINVAL, "index graph is corrupted (neighbour out of range)");
-    }
-    const uint32_t *up = (const uint32_t *)sec_data(p, p->upper);
-    for (uint64_t i = 0; i < upper; i++) {
-        const uint32_t *l = up + i * (1 + m->m);
-        if (l[0] > m->m)
-            return kd_fail(-EINVAL, "index graph is corrupted (list length)");
-        for (uint32_t j = 1; j <= l[0]; j++)
-            if (l[j] >= n)
+            if (l[j] >= count)
                 return kd_fail(-EINVAL, "index graph is corrupted (neighbour out of range)");
     }
     return 0;
 }
 
-/* Common part of load and open: parameters, quantizer, ids, tombstones. */
-static int index_from_parsed(struct kd_index **out, const struct parsed *p)
+/* Rows first..first+n of the id section into the id map (tombstones
+ * skipped); counts the live ones. */
+static int map_ids(struct kd_index *ix, const int64_t *ids, uint64_t first, uint64_t n,
+                   uint64_t *live)
 {
-    const struct kd_meta *m = &p->meta;
+    for (uint64_t i = 0; i < n; i++) {
+        if (ix->deleted[first + i])
+            continue;
+        if (++*live > ix->live || kd_idmap_put(&ix->idmap, ids[i], (uint32_t)(first + i)))
+            return kd_fail(-EINVAL, *live > ix->live
+                                        ? "index file is corrupted (live count)"
+                                        : "index file is corrupted (duplicate id)");
+    }
+    return 0;
+}
+
+/* A new index with the parameters and quantizer of m; `extra` holds the
+ * centres, rotation signs and scalar ranges that follow m in the file. */
+static int index_from_meta(struct kd_index **out, const struct kd_meta *m, const uint8_t *extra)
+{
     struct kd_index_params params = {m->dim, (int)m->metric, m->m, m->ef_construction,
                                       (int)m->quantization, m->seed};
     struct kd_index *ix;
     int err = index_alloc(&ix, &params);
     if (err)
         return err;
+    struct kd_quant probe = {0};
+    probe.pdim = m->pdim;
+    const float *centres = (const float *)extra;
+    const uint8_t *signs = extra + (size_t)m->ncentres * m->dim * sizeof(float);
+    float *ranges = malloc(2 * (size_t)m->dim * sizeof(float));
+    if (!ranges) {
+        kd_index_free(ix);
+        return kd_fail(-ENOMEM, "out of memory");
+    }
+    memcpy(ranges, signs + kd_quant_signs_bytes(&probe), 2 * (size_t)m->dim * sizeof(float));
     if ((err = kd_quant_init(&ix->quant, m->quantization, m->dim, (int)m->metric, m->ncentres,
-                             p->centres, p->signs, 0)))
-        goto fail;
-    kd_quant_set_ranges(&ix->quant, p->sq_lo, p->sq_step);
+                             centres, signs, 0))) {
+        free(ranges);
+        kd_index_free(ix);
+        return err;
+    }
+    kd_quant_set_ranges(&ix->quant, ranges, ranges + m->dim);
+    free(ranges);
     ix->estimate = kd_estimator(&ix->quant);
     ix->record_stride = m->record_stride;
     ix->trained = 1;
     ix->count = ix->cap = m->count;
     ix->live = m->live;
-    ix->deleted = malloc(m->count ? m->count : 1);
-    if (!ix->deleted || (err = kd_idmap_init(&ix->idmap, m->live)) ||
-        (err = kd_graph_reserve(&ix->graph, m->count ? m->count : 1))) {
-        err = err ? err : kd_fail(-ENOMEM, "out of memory");
-        goto fail;
+    kd_idmap_free(&ix->idmap);
+    if ((err = kd_idmap_init(&ix->idmap, m->live))) {
+        kd_index_free(ix);
+        return err;
     }
-    memcpy(ix->deleted, sec_data(p, p->deleted), m->count);
-    const int64_t *ids = (const int64_t *)sec_data(p, p->ids);
-    uint64_t live = 0;
-    for (uint64_t i = 0; i < m->count; i++) {
-        if (ix->deleted[i])
-            continue;
-        live++;
-        if (kd_idmap_put(&ix->idmap, ids[i], (uint32_t)i)) {
-            err = kd_fail(-EINVAL, "index file is corrupted (duplicate id)");
-            goto fail;
-        }
-    }
-    if (live != m->live) {
-        err = kd_fail(-EINVAL, "index file is corrupted (live count)");
-        goto fail;
-    }
-    ix->graph.count = m->count;
-    ix->graph.entry = m->count ? m->entry : KD_NONE;
-    ix->graph.max_level = m->max_level;
     *out = ix;
     return 0;
-fail:
-    kd_index_free(ix);
-    return err;
 }
 
-int kd_index_load(struct kd_index **out, const uint8_t *data, size_t size)
+/* Stream offset where the first `nsec` sections end (as written by
+ * kd_index_save), table and tail included when all eight are counted. */
+static uint64_t stream_end(const struct kd_meta *m, uint64_t upper_bytes, int nsec)
 {
-    struct parsed p;
-    int err = parse_index(&p, data, size, 1);
-    if (err)
-        return err;
-    struct kd_index *ix;
-    if ((err = index_from_parsed(&ix, &p)))
-        return err;
-    const struct kd_meta *m = &p.meta;
     uint64_t n = m->count;
+    uint64_t len[8] = {sizeof *m + meta_extra_bytes(m), n * 8, n, n * m->code_size, n,
+                       n * (1 + (uint64_t)m->m0) * 4, upper_bytes, n * m->record_stride};
+    uint64_t pos = KD_BLOCK;
+    for (int i = 0; i < nsec; i++)
+        pos = kd_round_up(pos + len[i], KD_BLOCK);
+    return nsec == 8 ? pos + 8 * sizeof(struct kd_section) + KD_TAIL_BYTES : pos;
+}
+
+static int read_section(struct kd_container_reader *cr, uint32_t id, void *dst, size_t n)
+{
+    int err = kd_cr_section_begin(cr, id);
+    if (!err)
+        err = kd_cr_read(cr, dst, n);
+    return err ? err : kd_cr_section_end(cr);
+}
+
+int kd_index_load(struct kd_index **out, struct kd_reader *r)
+{
+    struct kd_container_reader cr;
+    struct kd_meta m;
+    uint8_t *extra = NULL;
+    struct kd_index *ix = NULL;
+    int err = kd_cr_begin(&cr, r);
+    if (!err)
+        err = kd_cr_section_begin(&cr, KD_SEC_META);
+    if (!err)
+        err = kd_cr_read(&cr, &m, sizeof m);
+    if (!err)
+        err = check_meta(&m);
+    size_t xb = err ? 0 : meta_extra_bytes(&m);
+    if (!err && !(extra = malloc(xb)))
+        err = kd_fail(-ENOMEM, "out of memory");
+    if (!err)
+        err = kd_cr_read(&cr, extra, xb);
+    if (!err)
+        err = kd_cr_section_end(&cr);
+    uint64_t n = m.count;
+    /* A size known in advance must hold what the metadata announces. */
+    if (!err)
+        err = kd_cr_need(&cr, n * (8 + 1 + m.code_size + 1 + (1 + (uint64_t)m.m0) * 4 +
+                                   m.record_stride));
+    if (!err)
+        kd_cr_expect(&cr, stream_end(&m, 0, 6));
+    if (!err)
+        err = index_from_meta(&ix, &m, extra);
+    free(extra);
+    if (err)
+        goto fail;
     struct kd_graph *g = &ix->graph;
-    /* The owned layout uses the packed in-memory stride. */
-    ix->record_stride = record_stride_for(m->dim);
-    ix->cap = 0;
-    ix->count = 0;
-    free(ix->deleted);
-    ix->deleted = NULL;
+    /* The owned layout packs vectors at dim floats; the file stride is kept
+     * for the next save. */
+    ix->record_stride = record_stride_for(m.dim);
+    ix->cap = ix->count = 0;
     if ((err = grow(ix, n ? n : 1)))
         goto fail;
-    ix->count = n;
-    memcpy(ix->deleted, sec_data(&p, p.deleted), n);
-    memcpy(ix->ids, sec_data(&p, p.ids), n * 8);
-    memcpy(ix->codes, sec_data(&p, p.codes), n * m->code_size);
-    memcpy(g->levels, sec_data(&p, p.levels), n);
-    memcpy(g->level0, sec_data(&p, p.level0), n * (1 + m->m0) * 4);
-    memset(g->locks, 0, n);
-    memset(g->upper, 0, n * sizeof *g->upper);
-    const uint32_t *up = (const uint32_t *)sec_data(&p, p.upper);
+    memset(g->upper, 0, (n ? n : 1) * sizeof *g->upper);
+    memset(g->locks, 0, n ? n : 1);
+    ix->count = g->count = n;
+    uint64_t upper = 0;
+    if ((err = read_section(&cr, KD_SEC_IDS, ix->ids, n * 8)) ||
+        (err = read_section(&cr, KD_SEC_DELETED, ix->deleted, n)) ||
+        (err = read_section(&cr, KD_SEC_CODES, ix->codes, n * m.code_size)) ||
+        (err = read_section(&cr, KD_SEC_LEVELS, g->levels, n)) ||
+        (err = check_levels(g->levels, n, m.max_level, &upper)) ||
+        (kd_cr_expect(&cr, stream_end(&m, upper * (1 + m.m) * 4, 8)), 0) ||
+        (err = read_section(&cr, KD_SEC_LEVEL0, g->level0, n * (1 + m.m0) * 4)) ||
+        (err = check_lists(g->level0, n, m.m0, n)) ||
+        (err = kd_cr_section_begin(&cr, KD_SEC_UPPER)))
+        goto fail;
     for (uint64_t i = 0; i < n; i++) {
-        g->upper[i] = NULL;
-        size_t words = (size_t)g->levels[i] * (1 + m->m);
+        size_t words = (size_t)g->levels[i] * (1 + m.m);
         if (!words)
             continue;
         if (!(g->upper[i] = malloc(words * 4))) {
             err = kd_fail(-ENOMEM, "out of memory loading the graph");
             goto fail;
         }
-        memcpy(g->upper[i], up, words * 4);
-        up += words;
+        if ((err = kd_cr_read(&cr, g->upper[i], words * 4)) ||
+            (err = check_lists(g->upper[i], g->levels[i], m.m, n)))
+            goto fail;
     }
-    const uint8_t *vec = sec_data(&p, p.vectors);
-    for (uint64_t i = 0; i < n; i++) {
-        memcpy(ix->vectors + i * m->dim, vec + i * m->record_stride, m->record_bytes);
-        if (ix->inv_norms)
-            ix->inv_norms[i] = inv_norm_of(ix, ix->vectors + i * m->dim);
+    if ((err = kd_cr_section_end(&cr)) || (err = kd_cr_section_begin(&cr, KD_SEC_VECTORS)))
+        goto fail;
+    if (m.record_stride == m.record_bytes) {
+        err = kd_cr_read(&cr, ix->vectors, n * m.record_bytes);
+    } else {
+        for (uint64_t i = 0; !err && i < n; i++) {
+            err = kd_cr_read(&cr, ix->vectors + i * m.dim, m.record_bytes);
+            if (!err)
+                err = kd_cr_read(&cr, NULL, m.record_stride - m.record_bytes);
+        }
     }
+    if (err || (err = kd_cr_section_end(&cr)) || (err = kd_cr_finish(&cr)))
+        goto fail;
+    uint64_t live = 0;
+    if ((err = map_ids(ix, ix->ids, 0, n, &live)))
+        goto fail;
+    if (live != m.live) {
+        err = kd_fail(-EINVAL, "index file is corrupted (live count)");
+        goto fail;
+    }
+    g->entry = n ? m.entry : KD_NONE;
+    g->max_level = m.max_level;
+    if (ix->inv_norms)
+        for (uint64_t i = 0; i < n; i++)
+            ix->inv_norms[i] = inv_norm_of(ix, ix->vectors + i * m.dim);
     *out = ix;
     return 0;
 fail:
+    kd_cr_discard(&cr);
     kd_index_free(ix);
     return err;
 }
 
-static void advise(uint8_t *map, const struct kd_section *s, unsigned preload)
+int kd_index_load_path(struct kd_index **out, const char *path)
 {
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uint8_t *start = map + s->offset;
-    uintptr_t a = (uintptr_t)start & ~(page - 1);
-    size_t len = (size_t)((uintptr_t)start + s->length - a);
-    if (!len)
-        return;
-    madvise((void *)a, len, (preload >> s->id & 1) ? MADV_WILLNEED : MADV_RANDOM);
+    struct kd_reader r;
+    struct kd_fd_reader fr;
+    int err = kd_fd_reader_open(&r, &fr, path);
+    if (err)
+        return err;
+    err = kd_index_load(out, &r);
+    kd_reader_close(&r);
+    if (err == -EINVAL)
+        prefix_path(path);
+    return err;
+}
+
+/* What the open-time scans of the metadata sections fill in. */
+struct open_scan {
+    struct kd_index *ix;
+    const uint32_t *upper_base;   /* the mapped upper-level section */
+    uint64_t upper_words;
+    uint64_t live;
+    int32_t max_level;
+    uint32_t cap;                 /* neighbours per list of the section scanned */
+};
+
+static int scan_deleted(void *arg, const uint8_t *p, size_t n, uint64_t at)
+{
+    struct open_scan *o = arg;
+    memcpy(o->ix->deleted + at, p, n);
+    return 0;
+}
+
+static int scan_ids(void *arg, const uint8_t *p, size_t n, uint64_t at)
+{
+    struct open_scan *o = arg;
+    return map_ids(o->ix, (const int64_t *)p, at / 8, n / 8, &o->live);
+}
+
+static int scan_levels(void *arg, const uint8_t *p, size_t n, uint64_t at)
+{
+    struct open_scan *o = arg;
+    struct kd_graph *g = &o->ix->graph;
+    uint64_t sum = 0;
+    int err = check_levels(p, n, o->max_level, &sum);
+    /* Pointers into the mapping; nothing is read through them before the
+     * section's length has been checked against the levels. */
+    for (size_t i = 0; !err && i < n; i++) {
+        g->upper[at + i] = p[i] ? (uint32_t *)o->upper_base + o->upper_words : NULL;
+        o->upper_words += (uint64_t)p[i] * (1 + g->m);
+    }
+    return err;
+}
+
+static int scan_lists(void *arg, const uint8_t *p, size_t n, uint64_t at)
+{
+    struct open_scan *o = arg;
+    return check_lists((const uint32_t *)p, n / ((1 + o->cap) * 4), o->cap, o->ix->count);
 }
 
 int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_params *op)
@@ -1244,9 +1339,11 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
         return kd_fail(-e, "cannot open %s: %s", path, strerror(e));
     }
     struct stat st;
+    struct kd_scanner sc;
     int err = 0;
     uint8_t *map = MAP_FAILED;
     struct kd_index *ix = NULL;
+    kd_scanner_init(&sc, NULL, NULL, 0);
     if (fstat(fd, &st) != 0) {
         err = kd_fail(-errno, "cannot stat %s", path);
         goto fail;
@@ -1256,6 +1353,14 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
         goto fail;
     }
     if ((uint64_t)st.st_size < KD_BLOCK + KD_TAIL_BYTES) {
+        if ((uint64_t)st.st_size >= 8) {
+            char magic[8];
+            if (pread(fd, magic, 8, 0) == 8 && memcmp(magic, "KNNDIRCT", 8) == 0) {
+                err = kd_fail(-EINVAL, "%s: index file is truncated (%llu bytes)", path,
+                              (unsigned long long)st.st_size);
+                goto fail;
+            }
+        }
         err = kd_fail(-EINVAL, "%s is not a knndirect index (too small)", path);
         goto fail;
     }
@@ -1265,54 +1370,119 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
         err = kd_fail(-e, "cannot map %s: %s", path, strerror(e));
         goto fail;
     }
-    struct parsed p;
-    if ((err = parse_index(&p, map, (uint64_t)st.st_size, 0))) {
-        char msg[KD_ERRMSG_LEN];
-        snprintf(msg, sizeof msg, "%s: %s", path, kd_last_error());
-        kd_set_error_text(msg);
+    /* Every section reads only the pages it is asked for; preloaded ones are
+     * read ahead explicitly below. */
+    madvise(map, (size_t)st.st_size, MADV_RANDOM);
+    struct kd_container c;
+    if ((err = kd_container_parse(&c, map, (uint64_t)st.st_size, ~(1u << KD_SEC_META)))) {
+        prefix_path(path);
         goto fail;
     }
-    if ((err = index_from_parsed(&ix, &p)))
+    const struct kd_section *meta = kd_container_find(&c, KD_SEC_META), *ids, *deleted, *codes,
+                            *levels, *level0, *upperp, *vectors;
+#define NEED(var, id)                                                                   \
+    if (!(var = kd_container_find(&c, id))) {                                           \
+        err = kd_fail(-EINVAL, "%s: index file lacks section %d", path, id);            \
+        goto fail;                                                                      \
+    }
+    NEED(ids, KD_SEC_IDS)
+    NEED(deleted, KD_SEC_DELETED)
+    NEED(codes, KD_SEC_CODES)
+    NEED(levels, KD_SEC_LEVELS)
+    NEED(level0, KD_SEC_LEVEL0)
+    NEED(upperp, KD_SEC_UPPER)
+    NEED(vectors, KD_SEC_VECTORS)
+#undef NEED
+    struct kd_meta m;
+    if (!meta || meta->length < sizeof m) {
+        err = kd_fail(-EINVAL, "%s: index metadata is missing or short", path);
+        goto fail;
+    }
+    memcpy(&m, map + meta->offset, sizeof m);
+    if ((err = check_meta(&m)) || meta->length != sizeof m + meta_extra_bytes(&m)) {
+        err = err ? err : kd_fail(-EINVAL, "index metadata has the wrong size");
+        prefix_path(path);
+        goto fail;
+    }
+    uint64_t n = m.count;
+    if (ids->length != n * 8 || deleted->length != n || codes->length != n * m.code_size ||
+        levels->length != n || level0->length != n * (1 + m.m0) * 4 ||
+        vectors->length != n * m.record_stride) {
+        err = kd_fail(-EINVAL, "%s: index sections do not match the vector count", path);
+        goto fail;
+    }
+    if ((err = index_from_meta(&ix, &m, map + meta->offset + sizeof m)))
         goto fail;
     ix->map = map;
     ix->map_len = (size_t)st.st_size;
     map = MAP_FAILED;
     ix->on_disk = 1;
     ix->loaded_from_file = 1;
-    ix->codes = (uint8_t *)sec_data(&p, p.codes);
-    ix->ids = (int64_t *)sec_data(&p, p.ids);
     struct kd_graph *g = &ix->graph;
     g->owns = 0;
-    free(g->level0);
-    free(g->levels);
-    g->level0 = (uint32_t *)sec_data(&p, p.level0);
-    g->levels = (uint8_t *)sec_data(&p, p.levels);
-    const uint32_t *up = (const uint32_t *)sec_data(&p, p.upper);
-    for (uint64_t i = 0; i < ix->count; i++) {
-        g->upper[i] = g->levels[i] ? (uint32_t *)up : NULL;
-        up += (size_t)g->levels[i] * (1 + g->m);
+    g->count = n;
+    g->entry = n ? m.entry : KD_NONE;
+    g->max_level = m.max_level;
+    ix->deleted = malloc(n ? n : 1);
+    g->upper = calloc(n ? n : 1, sizeof *g->upper);
+    if (!ix->deleted || !g->upper) {
+        err = kd_fail(-ENOMEM, "out of memory");
+        goto fail;
     }
-    for (uint32_t i = 0; i < p.c.nsections; i++)
-        if (p.c.sections[i].id != KD_SEC_VECTORS)
-            advise(ix->map, &p.c.sections[i], op->preload);
+    kd_scanner_init(&sc, ix->map, path, op->direct_io);
+    struct open_scan o = {ix, (const uint32_t *)(ix->map + upperp->offset), 0, 0, m.max_level, 0};
+#define VIA_MAP(s) ((op->preload >> (s)->id) & 1)
+    if ((err = kd_scan_section(&sc, deleted, VIA_MAP(deleted), 1, scan_deleted, &o)) ||
+        (err = kd_scan_section(&sc, ids, VIA_MAP(ids), 8, scan_ids, &o)))
+        goto scan_fail;
+    if (o.live != m.live) {
+        err = kd_fail(-EINVAL, "index file is corrupted (live count)");
+        goto scan_fail;
+    }
+    if ((err = kd_scan_section(&sc, levels, VIA_MAP(levels), 1, scan_levels, &o)))
+        goto scan_fail;
+    if (upperp->length != o.upper_words * 4) {
+        err = kd_fail(-EINVAL, "index graph is corrupted (upper levels)");
+        goto scan_fail;
+    }
+    o.cap = m.m0;
+    if ((err = kd_scan_section(&sc, level0, VIA_MAP(level0), (1 + m.m0) * 4, scan_lists, &o)))
+        goto scan_fail;
+    o.cap = m.m;
+    if ((err = kd_scan_section(&sc, upperp, VIA_MAP(upperp), (1 + m.m) * 4, scan_lists, &o)) ||
+        (err = kd_scan_section(&sc, codes, VIA_MAP(codes), 1, NULL, NULL)))
+        goto scan_fail;
+#undef VIA_MAP
+    kd_scanner_free(&sc);
+    ix->codes = ix->map + codes->offset;
+    ix->ids = (int64_t *)(ix->map + ids->offset);
+    g->level0 = (uint32_t *)(ix->map + level0->offset);
+    g->levels = ix->map + levels->offset;
     if (!(ix->path = strdup(path))) {
         err = kd_fail(-ENOMEM, "out of memory");
         goto fail;
     }
-    if (ix->count) {
-        struct kd_vecio_config vc = {path, p.vectors->offset, ix->count, ix->record_stride,
+    if (n) {
+        struct kd_vecio_config vc = {path, vectors->offset, n, ix->record_stride,
                                      ix->record_bytes, op->io_backend, op->direct_io,
                                      op->io_depth ? op->io_depth : 1};
         if ((err = kd_vecio_open(&ix->vio, &vc)))
             goto fail;
-        if (op->preload >> KD_SEC_VECTORS & 1)
-            posix_fadvise(fd, (off_t)p.vectors->offset, (off_t)p.vectors->length,
+        /* Vectors read with O_DIRECT never look at the page cache: only the
+         * buffered backends gain from reading them ahead. */
+        struct kd_vecio_info vi;
+        kd_vecio_get_info(ix->vio, &vi);
+        if ((op->preload >> KD_SEC_VECTORS & 1) && !vi.direct_io)
+            posix_fadvise(fd, (off_t)vectors->offset, (off_t)vectors->length,
                           POSIX_FADV_WILLNEED);
     }
     close(fd);
     *out = ix;
     return 0;
+scan_fail:
+    prefix_path(path);
 fail:
+    kd_scanner_free(&sc);
     if (map != MAP_FAILED)
         munmap(map, (size_t)st.st_size);
     kd_index_free(ix);
@@ -1320,14 +1490,56 @@ fail:
     return err;
 }
 
+/* An opened index: every checksum of the file, vectors included (metadata
+ * through the mapping, vectors with the index's own reads). A loaded index
+ * had every checksum checked as it was read, and has no file. */
 int kd_index_verify(struct kd_index *ix)
 {
     if (!ix->map)
         return 0;
-    struct parsed p;
     pthread_rwlock_rdlock(&ix->lock);
-    int err = parse_index(&p, ix->map, ix->map_len, 1);
+    struct kd_container c;
+    struct kd_scanner sc;
+    uint8_t *buf = NULL;
+    int err = kd_container_parse(&c, ix->map, ix->map_len, ~0u);
+    kd_scanner_init(&sc, ix->map, NULL, 0);
+    const struct kd_section *vs = err ? NULL : kd_container_find(&c, KD_SEC_VECTORS);
+    for (uint32_t i = 0; !err && i < c.nsections; i++)
+        if (c.sections[i].id != KD_SEC_VECTORS)
+            err = kd_scan_section(&sc, &c.sections[i], 1, 1, NULL, NULL);
+    kd_scanner_free(&sc);
+    if (!err && !vs)
+        err = kd_fail(-EINVAL, "index file lacks section %d", KD_SEC_VECTORS);
+    if (!err && ix->vio) {
+        /* A range read delivers the padding of every record but its last: one
+         * record more is read (the next chunk's first), and the padding that
+         * ends the section comes from the mapping. */
+        uint64_t stride = ix->record_stride;
+        size_t chunk = (4u << 20) / stride;
+        chunk = chunk ? chunk : 1;
+        buf = kd_alloc_aligned(kd_vecio_buffer_alignment(ix->vio), (chunk + 1) * stride);
+        if (!buf)
+            err = kd_fail(-ENOMEM, "out of memory");
+        uint32_t crc = 0;
+        for (uint64_t at = 0; !err && at < ix->count; at += chunk) {
+            uint64_t m = ix->count - at < chunk ? ix->count - at : chunk;
+            int last = at + m == ix->count;
+            struct kd_io_counters io = {0};
+            err = kd_vecio_read_range(ix->vio, at, m + !last, buf, &io);
+            if (!err)
+                crc = kd_crc32c(crc, buf, last ? (m - 1) * stride + ix->record_bytes : m * stride);
+        }
+        if (!err)
+            crc = kd_crc32c(crc, ix->map + vs->offset + vs->length - (stride - ix->record_bytes),
+                            stride - ix->record_bytes);
+        if (!err && crc != vs->crc)
+            err = kd_fail(-EINVAL, "index section %u (vectors) is corrupted (checksum mismatch)",
+                          vs->id);
+    }
+    kd_free_aligned(buf);
     pthread_rwlock_unlock(&ix->lock);
+    if (err == -EINVAL && ix->path)
+        prefix_path(ix->path);
     return err;
 }
 

@@ -1233,3 +1233,287 @@ out:
         *c = local;
     return rc;
 }
+
+/* ------------------------------------------------------------------ */
+/* Streaming                                                           */
+
+#define KD_STREAM_BUFS 3
+#define KD_STREAM_PIECE (1u << 20)   /* io_uring splits a chunk into reads of this */
+
+struct kd_stream_buf {
+    char *data;
+    uint64_t first, rows;    /* the chunk it holds; rows == 0: none */
+    unsigned pending;        /* io_uring pieces still in flight */
+    int ready, err;          /* reader thread: chunk complete / its error */
+};
+
+struct kd_vecio_stream {
+    struct kd_vecio *v;
+    uint64_t end, next_issue;   /* records [next_issue, end) are not yet requested */
+    uint64_t chunk_rows;
+    unsigned head;              /* buffer holding the next chunk, in order */
+    int handed;                 /* the buffer before head is with the consumer */
+    struct kd_stream_buf buf[KD_STREAM_BUFS];
+    uint64_t ops, bytes;        /* counted as reads complete or are issued */
+    uint64_t told_ops, told_bytes; /* already added to a caller's counters */
+    char errmsg[KD_ERRMSG_LEN];
+#ifdef KD_HAVE_LIBURING
+    int use_ring;
+    struct io_uring ring;
+#endif
+    int use_thread;             /* otherwise: a reader thread and a lock */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop, reader_done;
+};
+
+/* Bytes of a chunk that must arrive: the last record of the section may end
+ * the file, so only its payload counts. */
+static inline uint64_t chunk_need(const struct kd_vecio *v, uint64_t rows)
+{
+    return (rows - 1) * v->stride + v->record_bytes;
+}
+
+static void stream_assign(struct kd_vecio_stream *s, struct kd_stream_buf *b)
+{
+    b->first = s->next_issue;
+    b->rows = min_u64(s->chunk_rows, s->end - s->next_issue);
+    b->ready = b->err = 0;
+    s->next_issue += b->rows;
+}
+
+#ifdef KD_HAVE_LIBURING
+/* User data of a piece: buffer index and piece number. */
+#define PIECE_DATA(bi, k) ((void *)(uintptr_t)(((uint64_t)(k) << 8) | (bi)))
+
+static int stream_ring_issue(struct kd_vecio_stream *s, unsigned bi)
+{
+    struct kd_vecio *v = s->v;
+    struct kd_stream_buf *b = &s->buf[bi];
+    stream_assign(s, b);
+    uint64_t off = v->offset + b->first * v->stride;
+    uint64_t total = kd_round_up(chunk_need(v, b->rows), v->read_align);
+    for (uint64_t pos = 0, k = 0; pos < total; pos += KD_STREAM_PIECE, k++) {
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&s->ring);
+        if (!sqe) {
+            io_uring_submit(&s->ring);
+            if (!(sqe = io_uring_get_sqe(&s->ring)))
+                return kd_fail(-EBUSY, "io_uring queue full streaming %s", v->path);
+        }
+        unsigned len = (unsigned)min_u64(KD_STREAM_PIECE, total - pos);
+        io_uring_prep_read(sqe, v->fd, b->data + pos, len, off + pos);
+        io_uring_sqe_set_data(sqe, PIECE_DATA(bi, k));
+        b->pending++;
+        s->ops++;
+        s->bytes += len;
+    }
+    int rc = io_uring_submit(&s->ring);
+    return rc < 0 ? kd_fail(rc, "io_uring submit failed streaming %s", v->path) : 0;
+}
+
+/* Reap completions (of any buffer) until buffer bi is complete. */
+static int stream_ring_wait(struct kd_vecio_stream *s, unsigned bi)
+{
+    struct kd_vecio *v = s->v;
+    while (s->buf[bi].pending) {
+        struct io_uring_cqe *cqe;
+        int rc = io_uring_wait_cqe(&s->ring, &cqe);
+        if (rc == -EINTR)
+            continue;
+        if (rc < 0)
+            return kd_fail(rc, "io_uring wait failed streaming %s", v->path);
+        uint64_t data = (uintptr_t)io_uring_cqe_get_data(cqe);
+        struct kd_stream_buf *b = &s->buf[data & 0xff];
+        uint64_t pos = (data >> 8) * KD_STREAM_PIECE, need = chunk_need(v, b->rows);
+        uint64_t want = pos < need ? min_u64(KD_STREAM_PIECE, need - pos) : 0;
+        if (cqe->res < 0 && !b->err)
+            b->err = cqe->res;
+        else if (cqe->res >= 0 && (uint64_t)cqe->res < want && !b->err)
+            b->err = -EIO;   /* short read before the records' end */
+        b->pending--;
+        io_uring_cqe_seen(&s->ring, cqe);
+    }
+    struct kd_stream_buf *b = &s->buf[bi];
+    if (b->err)
+        return kd_fail(b->err, "reading records %llu.. of %s: %s",
+                       (unsigned long long)b->first, v->path, errstr(-b->err));
+    return 0;
+}
+#endif
+
+static void *stream_reader(void *arg)
+{
+    struct kd_vecio_stream *s = arg;
+    for (unsigned i = 0;; i = (i + 1) % KD_STREAM_BUFS) {
+        struct kd_stream_buf *b = &s->buf[i];
+        pthread_mutex_lock(&s->mu);
+        while (!s->stop && b->ready)     /* still with the consumer or unread */
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (s->stop || s->next_issue >= s->end) {
+            s->reader_done = 1;
+            pthread_cond_broadcast(&s->cv);
+            pthread_mutex_unlock(&s->mu);
+            return NULL;
+        }
+        stream_assign(s, b);
+        pthread_mutex_unlock(&s->mu);
+        struct kd_io_counters c = { 0, 0, 0 };
+        int err = kd_vecio_read_range(s->v, b->first, b->rows, b->data, &c);
+        pthread_mutex_lock(&s->mu);
+        s->ops += c.read_ops;
+        s->bytes += c.read_bytes;
+        b->err = err;
+        b->ready = 1;
+        if (err) {
+            snprintf(s->errmsg, sizeof s->errmsg, "%s", kd_last_error());
+            s->reader_done = 1;
+        }
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        if (err)
+            return NULL;
+    }
+}
+
+int kd_vecio_stream_open(struct kd_vecio *v, uint64_t first, uint64_t n,
+                         struct kd_vecio_stream **out)
+{
+    if (first > v->count || n > v->count - first)
+        return kd_fail(-EINVAL, "records [%llu, %llu) are out of range: %s holds %llu records",
+                       (unsigned long long)first, (unsigned long long)(first + n), v->path,
+                       (unsigned long long)v->count);
+    struct kd_vecio_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return kd_fail(-ENOMEM, "out of memory for a stream of %s", v->path);
+    s->v = v;
+    s->next_issue = first;
+    s->end = first + n;
+    s->chunk_rows = KD_RANGE_CHUNK / v->stride ? KD_RANGE_CHUNK / v->stride : 1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    size_t size = (size_t)kd_round_up(s->chunk_rows * v->stride, 4096) + 4096;
+    size_t align = v->buf_align > 4096 ? v->buf_align : 4096;
+    int err = 0;
+    for (int i = 0; i < KD_STREAM_BUFS && !err; i++)
+        if (!(s->buf[i].data = kd_alloc_aligned(align, size)))
+            err = kd_fail(-ENOMEM, "out of memory for stream buffers of %s", v->path);
+    if (err || n == 0)
+        goto done;
+#ifdef KD_HAVE_LIBURING
+    /* Offsets and buffers are aligned, so pieces go straight in. */
+    if (v->backend == KD_IO_URING && (v->offset + first * v->stride) % v->read_align == 0 &&
+        (s->chunk_rows * v->stride) % v->read_align == 0 &&
+        io_uring_queue_init(KD_STREAM_BUFS * (KD_RANGE_CHUNK / KD_STREAM_PIECE + 2), &s->ring,
+                            0) == 0) {
+        s->use_ring = 1;
+        for (unsigned i = 0; i < KD_STREAM_BUFS && s->next_issue < s->end && !err; i++)
+            err = stream_ring_issue(s, i);
+        goto done;
+    }
+#endif
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&s->thread, NULL, stream_reader, s);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc)
+        err = kd_fail(-rc, "cannot start a reader thread for %s", v->path);
+    else
+        s->use_thread = 1;
+done:
+    if (err) {
+        kd_vecio_stream_close(s);
+        return err;
+    }
+    *out = s;
+    return 0;
+}
+
+int64_t kd_vecio_stream_next(struct kd_vecio_stream *s, const void **buf, uint64_t *first_row,
+                             struct kd_io_counters *c)
+{
+    uint64_t t0 = kd_now_ns();
+    int64_t rc = 0;
+    unsigned i = s->head, prev = (i + KD_STREAM_BUFS - 1) % KD_STREAM_BUFS;
+    struct kd_stream_buf *b = &s->buf[i];
+#ifdef KD_HAVE_LIBURING
+    if (s->use_ring) {
+        if (s->handed && s->next_issue < s->end && (rc = stream_ring_issue(s, prev)) < 0)
+            goto out;
+        s->handed = 0;
+        if (b->rows == 0 || (rc = stream_ring_wait(s, i)) < 0)
+            goto out;
+        goto hand;
+    }
+#endif
+    if (!s->use_thread)
+        goto out;
+    pthread_mutex_lock(&s->mu);
+    if (s->handed) {
+        s->buf[prev].ready = 0;   /* back to the reader */
+        pthread_cond_broadcast(&s->cv);
+    }
+    s->handed = 0;
+    while (!b->ready && !s->reader_done)
+        pthread_cond_wait(&s->cv, &s->mu);
+    int ready = b->ready, err = b->err;
+    pthread_mutex_unlock(&s->mu);
+    if (!ready)
+        goto out;
+    if (err) {
+        kd_set_error_text(s->errmsg);
+        rc = err;
+        goto out;
+    }
+hand: __attribute__((unused));
+    *buf = b->data;
+    *first_row = b->first;
+    rc = (int64_t)b->rows;
+    b->rows = 0;
+    s->head = (i + 1) % KD_STREAM_BUFS;
+    s->handed = 1;
+out:
+    pthread_mutex_lock(&s->mu);
+    if (c) {
+        c->read_ops += s->ops - s->told_ops;
+        c->read_bytes += s->bytes - s->told_bytes;
+        c->wait_ns += kd_now_ns() - t0;
+    }
+    s->told_ops = s->ops;
+    s->told_bytes = s->bytes;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void kd_vecio_stream_close(struct kd_vecio_stream *s)
+{
+    if (!s)
+        return;
+    if (s->use_thread) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+#ifdef KD_HAVE_LIBURING
+    if (s->use_ring) {
+        /* Reads may still target our buffers: drain them before freeing. */
+        for (unsigned i = 0; i < KD_STREAM_BUFS; i++)
+            while (s->buf[i].pending) {
+                struct io_uring_cqe *cqe;
+                if (io_uring_wait_cqe(&s->ring, &cqe) < 0)
+                    break;
+                s->buf[(uintptr_t)io_uring_cqe_get_data(cqe) & 0xff].pending--;
+                io_uring_cqe_seen(&s->ring, cqe);
+            }
+        io_uring_queue_exit(&s->ring);
+    }
+#endif
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    for (int i = 0; i < KD_STREAM_BUFS; i++)
+        kd_free_aligned(s->buf[i].data);
+    free(s);
+}

@@ -77,6 +77,22 @@ int kd_vecio_read(struct kd_vecio *v, const uint64_t *rows, size_t n,
 int kd_vecio_read_range(struct kd_vecio *v, uint64_t first, uint64_t n,
                         void *dst, struct kd_io_counters *c);
 
+/* Sequential streaming of records [first, first+n) in chunks of about 8 MiB,
+ * with the next chunks already being read while the caller scores the
+ * current one (triple buffering: io_uring reads in flight with the io_uring
+ * backend, a reader thread otherwise). One consumer per stream. */
+struct kd_vecio_stream;
+
+int kd_vecio_stream_open(struct kd_vecio *v, uint64_t first, uint64_t n,
+                         struct kd_vecio_stream **out);
+/* Hand out the next chunk: records laid out with the file's stride start at
+ * *buf, the first being record *first_row. Returns the number of records, 0
+ * at the end, or a negative errno. The chunk stays valid until the next call.
+ * Counters (reads issued, bytes, time spent waiting) are added to c. */
+int64_t kd_vecio_stream_next(struct kd_vecio_stream *s, const void **buf, uint64_t *first_row,
+                             struct kd_io_counters *c);
+void kd_vecio_stream_close(struct kd_vecio_stream *s);
+
 const char *kd_io_backend_name(int backend);
 
 /* 1 when this build has io_uring support compiled in. */

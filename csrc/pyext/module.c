@@ -39,22 +39,6 @@ PyObject *kd_raise(int err)
     return NULL;
 }
 
-static PyObject *mod_load_bytes(PyObject *mod, PyObject *arg)
-{
-    Py_buffer v;
-    if (PyObject_GetBuffer(arg, &v, PyBUF_C_CONTIGUOUS) != 0)
-        return NULL;
-    struct kd_index *ix = NULL;
-    int err;
-    Py_BEGIN_ALLOW_THREADS
-    err = kd_index_load(&ix, v.buf, (size_t)v.len);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&v);
-    if (err)
-        return kd_raise(err);
-    return kd_index_wrap(ix);
-}
-
 static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"path", "direct_io", "io_backend", "io_depth", "preload", NULL};
@@ -96,11 +80,14 @@ static PyObject *mod_features(PyObject *mod, PyObject *unused)
     PUT("avx512", PyBool_FromLong(kd_cpu_has_avx512()));
     PUT("simd", PyUnicode_FromString(kd_kernels()->name));
     PUT("format_version", PyLong_FromLong(KD_FORMAT_VERSION));
+    PUT("min_format_version", PyLong_FromLong(KD_FORMAT_MIN_VERSION));
 #undef PUT
     return d;
 }
 
-/* Test hooks: kernels and estimators by name, against their scalar reference. */
+/* Test hook: one kernel variant by name, to check it against the scalar
+ * reference. For the block kernels, a holds four queries of len(b) floats;
+ * dot4 returns the four products and |b|^2, l2sq4 the four distances. */
 static PyObject *mod_kernel(PyObject *mod, PyObject *args)
 {
     const char *name, *which;
@@ -108,24 +95,40 @@ static PyObject *mod_kernel(PyObject *mod, PyObject *args)
     if (!PyArg_ParseTuple(args, "ssy*y*", &name, &which, &a, &b))
         return NULL;
     const struct kd_kernels *k = kd_kernels_named(name);
+    size_t d = (size_t)b.len / 4;
+    int block = strcmp(which, "dot4") == 0 || strcmp(which, "l2sq4") == 0;
     PyObject *r = NULL;
-    if (!k)
+    if (!k) {
         PyErr_Format(PyExc_ValueError, "kernel set %s is unavailable", name);
-    else if (a.len != b.len || a.len % 4)
+    } else if (b.len % 4 || a.len != (block ? 4 : 1) * b.len) {
         PyErr_SetString(PyExc_ValueError, "operands differ in length");
-    else if (strcmp(which, "l2sq") == 0)
-        r = PyFloat_FromDouble(k->l2sq(a.buf, b.buf, (size_t)a.len / 4));
-    else if (strcmp(which, "dot") == 0)
-        r = PyFloat_FromDouble(k->dot(a.buf, b.buf, (size_t)a.len / 4));
-    else
+    } else if (block) {
+        const float *q[4];
+        float out[4], xx = 0;
+        for (int j = 0; j < 4; j++)
+            q[j] = (const float *)a.buf + j * d;
+        if (which[0] == 'd')
+            k->dot4(q, b.buf, d, out, &xx);
+        else
+            k->l2sq4(q, b.buf, d, out);
+        r = Py_BuildValue("(ddddd)", out[0], out[1], out[2], out[3], xx);
+    } else if (strcmp(which, "l2sq") == 0) {
+        r = PyFloat_FromDouble(k->l2sq(a.buf, b.buf, d));
+    } else if (strcmp(which, "dot") == 0) {
+        r = PyFloat_FromDouble(k->dot(a.buf, b.buf, d));
+    } else {
         PyErr_SetString(PyExc_ValueError, "unknown kernel");
+    }
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);
     return r;
 }
 
 static PyMethodDef mod_methods[] = {
-    {"load_bytes", mod_load_bytes, METH_O, "Load an index held in a bytes-like object."},
+    {"load_bytes", kd_mod_load_bytes, METH_O, "Load an index held in a bytes-like object."},
+    {"load_path", kd_mod_load_path, METH_O, "Load an index file into memory."},
+    {"load_file", kd_mod_load_file, METH_VARARGS,
+     "load_file(file, size=-1): load from a binary file-like object."},
     {"open", (PyCFunction)(void (*)(void))mod_open, METH_VARARGS | METH_KEYWORDS,
      "open(path, direct_io=True, io_backend=0, io_depth=128, preload=0)"},
     {"features", mod_features, METH_NOARGS, "What this build and CPU offer."},
@@ -163,5 +166,6 @@ PyMODINIT_FUNC PyInit__core(void)
     PyModule_AddIntConstant(m, "SEC_GRAPH_UPPER", KD_SEC_UPPER);
     PyModule_AddIntConstant(m, "SEC_VECTORS", KD_SEC_VECTORS);
     PyModule_AddIntConstant(m, "SEC_DELETED", KD_SEC_DELETED);
+    PyModule_AddIntConstant(m, "SEC_META", KD_SEC_META);
     return m;
 }

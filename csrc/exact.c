@@ -1,0 +1,255 @@
+#include "exact.h"
+#include "common.h"
+#include "quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TILE_ROWS 64          /* rows scored against every query block while cached */
+#define HEAP_BUDGET (64u << 20) /* bytes of per-thread heaps; more queries go in passes */
+
+static int cmp_item(const void *a, const void *b)
+{
+    const struct kd_heap_item *x = a, *y = b;
+    if (x->dist != y->dist)
+        return (x->dist > y->dist) - (x->dist < y->dist);
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+void kd_topk_sort(struct kd_heap_item *h, size_t n)
+{
+    qsort(h, n, sizeof *h, cmp_item);
+}
+
+static inline float cosine_from(float qx, float xx)
+{
+    return xx > 0 ? -qx / sqrtf(xx) : -0.0f;
+}
+
+float kd_exact_distance(const struct kd_exact_data *d, const float *q, const float *x)
+{
+    const float *qs[4] = {q, q, q, q};
+    float out[4], xx;
+    if (d->metric == KD_L2) {
+        d->kern->l2sq4(qs, x, d->dim, out);
+        return out[0];
+    }
+    d->kern->dot4(qs, x, d->dim, out, &xx);
+    return d->metric == KD_IP ? -out[0] : cosine_from(out[0], xx);
+}
+
+/* One pass of scoring: queries [q0, q1) against positions [begin, end) of a
+ * block of vectors. Position i is row rows[i] (or row i without rows); its
+ * vector is found by row (memory, streamed chunks) or by position (a batch
+ * read of a subset). */
+struct pass {
+    const struct kd_exact_data *d;
+    const float *q;
+    size_t q0, q1, k;
+    const uint8_t *block;
+    size_t pitch;
+    uint64_t first;              /* row or position at block[0] */
+    int by_position;
+    const uint32_t *rows;
+    uint64_t begin, end;
+    unsigned threads, all_threads;
+    struct kd_heap_item *heaps;  /* all_threads x (q1-q0) x k */
+    size_t *fill;                /* all_threads x (q1-q0) */
+    unsigned next_thread;
+};
+
+static void score_tile(const struct pass *p, struct kd_heap_item *heaps, size_t *fill,
+                       const float *const *xs, const uint32_t *rs, size_t ntile)
+{
+    const struct kd_exact_data *d = p->d;
+    size_t nq = p->q1 - p->q0, k = p->k;
+    for (size_t qb = 0; qb < nq; qb += 4) {
+        const float *qs[4];
+        size_t lanes = nq - qb < 4 ? nq - qb : 4;
+        for (size_t j = 0; j < 4; j++)
+            qs[j] = p->q + (p->q0 + qb + (j < lanes ? j : 0)) * d->dim;
+        for (size_t t = 0; t < ntile; t++) {
+            float out[4], xx = 0;
+            if (d->metric == KD_L2) {
+                d->kern->l2sq4(qs, xs[t], d->dim, out);
+            } else {
+                d->kern->dot4(qs, xs[t], d->dim, out, &xx);
+                for (size_t j = 0; j < lanes; j++)
+                    out[j] = d->metric == KD_IP ? -out[j] : cosine_from(out[j], xx);
+            }
+            for (size_t j = 0; j < lanes; j++)
+                kd_topk_offer(heaps + (qb + j) * k, &fill[qb + j], k, out[j], rs[t]);
+        }
+    }
+}
+
+static void *pass_worker(void *arg)
+{
+    struct pass *p = arg;
+    unsigned me = __atomic_fetch_add(&p->next_thread, 1, __ATOMIC_RELAXED);
+    size_t nq = p->q1 - p->q0;
+    struct kd_heap_item *heaps = p->heaps + (size_t)me * nq * p->k;
+    size_t *fill = p->fill + (size_t)me * nq;
+    uint64_t span = p->end - p->begin, lo = p->begin + span * me / p->threads;
+    uint64_t hi = p->begin + span * (me + 1) / p->threads;
+    const float *xs[TILE_ROWS];
+    uint32_t rs[TILE_ROWS];
+    size_t ntile = 0;
+    for (uint64_t i = lo; i < hi; i++) {
+        uint64_t r = p->rows ? p->rows[i] : i;
+        if (p->d->deleted[r])
+            continue;
+        uint64_t at = (p->by_position ? i : r) - p->first;
+        xs[ntile] = (const float *)(p->block + at * p->pitch);
+        rs[ntile++] = (uint32_t)r;
+        if (ntile == TILE_ROWS) {
+            score_tile(p, heaps, fill, xs, rs, ntile);
+            ntile = 0;
+        }
+    }
+    if (ntile)
+        score_tile(p, heaps, fill, xs, rs, ntile);
+    return NULL;
+}
+
+static void run_pass(struct pass *p)
+{
+    uint64_t span = p->end - p->begin;
+    unsigned t = p->all_threads;
+    /* Each thread should get a few tiles, or starting it costs more than it saves. */
+    if (span < (uint64_t)t * 4 * TILE_ROWS)
+        t = span / (4 * TILE_ROWS) ? (unsigned)(span / (4 * TILE_ROWS)) : 1;
+    p->threads = t;
+    p->next_thread = 0;
+    kd_run_workers(pass_worker, p, t);
+}
+
+/* Fold the per-thread heaps of queries [q0, q1) into out. */
+static void merge(const struct pass *p, struct kd_heap_item *out, size_t *nout)
+{
+    size_t nq = p->q1 - p->q0, k = p->k;
+    for (size_t i = 0; i < nq; i++) {
+        struct kd_heap_item *dst = out + (p->q0 + i) * k;
+        size_t n = 0;
+        for (unsigned t = 0; t < p->all_threads; t++) {
+            const struct kd_heap_item *h = p->heaps + ((size_t)t * nq + i) * k;
+            for (size_t j = 0; j < p->fill[(size_t)t * nq + i]; j++)
+                kd_topk_offer(dst, &n, k, h[j].dist, h[j].row);
+        }
+        kd_topk_sort(dst, n);
+        nout[p->q0 + i] = n;
+    }
+}
+
+static void add_io(struct kd_io_counters *to, const struct kd_io_counters *c)
+{
+    to->read_ops += c->read_ops;
+    to->read_bytes += c->read_bytes;
+    to->wait_ns += c->wait_ns;
+}
+
+/* Stream the whole vector section, scoring each chunk while the next ones
+ * are read. */
+static int score_stream(struct pass *p, struct kd_io_counters *io)
+{
+    struct kd_vecio_stream *st;
+    int err = kd_vecio_stream_open(p->d->vio, 0, p->d->count, &st);
+    if (err)
+        return err;
+    const void *buf;
+    uint64_t first;
+    int64_t got;
+    while ((got = kd_vecio_stream_next(st, &buf, &first, io)) > 0) {
+        p->block = buf;
+        p->pitch = p->d->stride;
+        p->first = first;
+        p->by_position = 0;
+        p->rows = NULL;
+        p->begin = first;
+        p->end = first + (uint64_t)got;
+        run_pass(p);
+    }
+    kd_vecio_stream_close(st);
+    return got < 0 ? (int)got : 0;
+}
+
+/* A subset on disk: one batch read per 8 MiB of records. */
+static int score_subset_from_disk(struct pass *p, const uint32_t *rows, size_t nrows,
+                                  struct kd_io_counters *io)
+{
+    const struct kd_exact_data *d = p->d;
+    size_t batch = (8u << 20) / d->stride ? (8u << 20) / d->stride : 1;
+    if (batch > nrows)
+        batch = nrows;
+    uint8_t *buf = kd_alloc_aligned(kd_vecio_buffer_alignment(d->vio), batch * d->stride);
+    uint64_t *r64 = malloc(batch * sizeof *r64);
+    int err = buf && r64 ? 0 : kd_fail(-ENOMEM, "out of memory for an exact scan");
+    for (size_t at = 0; !err && at < nrows; at += batch) {
+        size_t m = nrows - at < batch ? nrows - at : batch;
+        for (size_t i = 0; i < m; i++)
+            r64[i] = rows[at + i];
+        struct kd_io_counters c = {0, 0, 0};
+        err = kd_vecio_read(d->vio, r64, m, buf, d->stride, &c);
+        add_io(io, &c);
+        if (err)
+            break;
+        p->block = buf;
+        p->pitch = d->stride;
+        p->first = at;
+        p->by_position = 1;
+        p->rows = rows;
+        p->begin = at;
+        p->end = at + m;
+        run_pass(p);
+    }
+    kd_free_aligned(buf);
+    free(r64);
+    return err;
+}
+
+int kd_exact_search(const struct kd_exact_data *d, const float *q, size_t nq, size_t k,
+                    const uint32_t *rows, size_t nrows, unsigned threads,
+                    struct kd_heap_item *out, size_t *nout, struct kd_io_counters *io)
+{
+    if (nq == 0)
+        return 0;
+    if (threads < 1)
+        threads = 1;
+    /* Bound the per-thread heaps: more queries than fit go in several passes. */
+    size_t group = HEAP_BUDGET / ((size_t)threads * k * sizeof(struct kd_heap_item) + 1);
+    group = group < 4 ? 4 : group - group % 4;
+    size_t g = nq < group ? nq : group;
+    struct pass p = {0};
+    p.d = d;
+    p.q = q;
+    p.k = k;
+    p.all_threads = threads;
+    p.heaps = malloc((size_t)threads * g * k * sizeof *p.heaps);
+    p.fill = malloc((size_t)threads * g * sizeof *p.fill);
+    int err = p.heaps && p.fill ? 0 : kd_fail(-ENOMEM, "out of memory for an exact search");
+    for (size_t q0 = 0; !err && q0 < nq; q0 += g) {
+        p.q0 = q0;
+        p.q1 = q0 + g < nq ? q0 + g : nq;
+        memset(p.fill, 0, (size_t)threads * g * sizeof *p.fill);
+        if (d->vectors) {
+            p.block = (const uint8_t *)d->vectors;
+            p.pitch = d->dim * sizeof(float);
+            p.first = 0;
+            p.by_position = 0;
+            p.rows = rows;
+            p.begin = 0;
+            p.end = rows ? nrows : d->count;
+            run_pass(&p);
+        } else if (rows) {
+            err = score_subset_from_disk(&p, rows, nrows, io);
+        } else {
+            err = score_stream(&p, io);
+        }
+        if (!err)
+            merge(&p, out, nout);
+    }
+    free(p.heaps);
+    free(p.fill);
+    return err;
+}

@@ -1,0 +1,74 @@
+"""SIMD distance kernels against the scalar reference, on odd dims."""
+import numpy as np
+import pytest
+
+import knndirect as kd
+from knndirect import _core
+
+DIMS = [1, 3, 8, 17, 100, 769]
+VARIANTS = ["avx2", "avx512"]
+
+
+def available(name):
+    feats = kd.features()
+    return {"avx2": feats["avx2"], "avx512": feats["avx512"], "scalar": True}[name]
+
+
+def operands(d, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(4 * d).astype(np.float32),
+            rng.standard_normal(d).astype(np.float32))
+
+
+@pytest.mark.parametrize("d", DIMS)
+def test_scalar_reference_matches_float64(d):
+    a, b = operands(d, d)
+    q = a[:d]
+    assert _core._kernel("scalar", "dot", q.tobytes(), b.tobytes()) == pytest.approx(
+        float(np.dot(q.astype(np.float64), b)), rel=1e-5, abs=1e-5)
+    assert _core._kernel("scalar", "l2sq", q.tobytes(), b.tobytes()) == pytest.approx(
+        float(((q.astype(np.float64) - b) ** 2).sum()), rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("d", DIMS)
+def test_pair_kernels_match_scalar(variant, d):
+    if not available(variant):
+        pytest.skip(f"this CPU lacks {variant}")
+    a, b = operands(d, 100 + d)
+    q = a[:d].tobytes()
+    for which in ("dot", "l2sq"):
+        ref = _core._kernel("scalar", which, q, b.tobytes())
+        got = _core._kernel(variant, which, q, b.tobytes())
+        assert got == pytest.approx(ref, rel=1e-5, abs=1e-5), which
+
+
+@pytest.mark.parametrize("variant", ["scalar"] + VARIANTS)
+@pytest.mark.parametrize("d", DIMS)
+def test_block_kernels_match_pairs(variant, d):
+    if not available(variant):
+        pytest.skip(f"this CPU lacks {variant}")
+    a, b = operands(d, 200 + d)
+    qs = a.reshape(4, d)
+    dots = _core._kernel(variant, "dot4", a.tobytes(), b.tobytes())
+    l2s = _core._kernel(variant, "l2sq4", a.tobytes(), b.tobytes())
+    for j in range(4):
+        assert dots[j] == pytest.approx(_core._kernel("scalar", "dot", qs[j].tobytes(), b.tobytes()),
+                                        rel=1e-5, abs=1e-5)
+        assert l2s[j] == pytest.approx(_core._kernel("scalar", "l2sq", qs[j].tobytes(), b.tobytes()),
+                                       rel=1e-5, abs=1e-5)
+    assert dots[4] == pytest.approx(_core._kernel("scalar", "dot", b.tobytes(), b.tobytes()),
+                                    rel=1e-5, abs=1e-5)
+
+
+def test_kernel_in_use_is_reported():
+    feats = kd.features()
+    expected = "avx512" if feats["avx512"] else ("avx2" if feats["avx2"] else "scalar")
+    assert feats["simd"] == expected
+
+
+def test_unknown_or_unavailable_kernel_raises():
+    with pytest.raises(ValueError):
+        _core._kernel("nope", "dot", b"\0" * 4, b"\0" * 4)
+    with pytest.raises(ValueError):
+        _core._kernel("scalar", "dot", b"\0" * 8, b"\0" * 4)
