@@ -94,7 +94,10 @@ void kd_index_vector_layout(const struct kd_index *ix, size_t *alignment, size_t
 
 int kd_index_save(struct kd_index *ix, struct kd_writer *w);
 int kd_index_save_path(struct kd_index *ix, const char *path);
-int kd_index_load(struct kd_index **out, const uint8_t *data, size_t size);
+/* Read an index from a stream into memory (vectors included), checking every
+ * checksum; a truncated, damaged or foreign stream gives -EINVAL. */
+int kd_index_load(struct kd_index **out, struct kd_reader *r);
+int kd_index_load_path(struct kd_index **out, const char *path);
 int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_params *op);
 /* Check every checksum, vectors included. */
 int kd_index_verify(struct kd_index *ix);

@@ -6,21 +6,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
+#include <sys/vfs.h>
 #include <unistd.h>
+
+#define MAX_SYSCALL_BYTES (1u << 30)
+
+/* ---- file descriptor writer */
 
 static int fd_write(void *ctx, const void *buf, size_t n)
 {
     struct kd_fd_writer *w = ctx;
     const char *p = buf;
     while (n > 0) {
-        ssize_t r = write(w->fd, p, n > (1u << 30) ? (1u << 30) : n);
+        ssize_t r = write(w->fd, p, n > MAX_SYSCALL_BYTES ? MAX_SYSCALL_BYTES : n);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
             int e = errno;
             return kd_fail(-e, "writing %s: %s", w->path, strerror(e));
         }
+        if (r == 0)
+            return kd_fail(-EIO, "writing %s: the write made no progress", w->path);
         p += r;
         n -= (size_t)r;
     }
@@ -32,16 +38,21 @@ void kd_fd_writer_init(struct kd_writer *w, struct kd_fd_writer *ctx, int fd, co
     ctx->fd = fd;
     ctx->path = path;
     w->write = fd_write;
+    w->close = NULL;
     w->ctx = ctx;
 }
+
+/* ---- memory writer */
 
 static int mem_write(void *ctx, const void *buf, size_t n)
 {
     struct kd_mem_writer *m = ctx;
+    if (n > SIZE_MAX - m->size)
+        return kd_fail(-ENOMEM, "out of memory while serializing the index");
     if (m->size + n > m->cap) {
         size_t cap = m->cap ? m->cap : 1 << 16;
         while (cap < m->size + n)
-            cap *= 2;
+            cap = cap > SIZE_MAX / 2 ? m->size + n : cap * 2;
         uint8_t *d = realloc(m->data, cap);
         if (!d)
             return kd_fail(-ENOMEM, "out of memory while serializing the index");
@@ -53,12 +64,25 @@ static int mem_write(void *ctx, const void *buf, size_t n)
     return 0;
 }
 
+static int mem_close(void *ctx, int commit)
+{
+    struct kd_mem_writer *m = ctx;
+    if (!commit) {
+        free(m->data);
+        memset(m, 0, sizeof *m);
+    }
+    return 0;
+}
+
 void kd_mem_writer_init(struct kd_writer *w, struct kd_mem_writer *ctx)
 {
     memset(ctx, 0, sizeof *ctx);
     w->write = mem_write;
+    w->close = mem_close;
     w->ctx = ctx;
 }
+
+/* ---- atomic path writer */
 
 static void dir_of(const char *path, char *dir, size_t len)
 {
@@ -71,61 +95,210 @@ static void dir_of(const char *path, char *dir, size_t len)
         snprintf(dir, len, "%.*s", (int)(slash - path), path);
 }
 
-int kd_save_atomic(const char *path, kd_emit_fn emit, void *arg)
+static void path_writer_release(struct kd_path_writer *pw)
 {
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        return kd_fail(-EISDIR, "cannot save to %s: it is a directory", path);
+    free(pw->path);
+    free(pw->tmp);
+    pw->path = pw->tmp = NULL;
+    pw->fd = -1;
+}
 
-    size_t len = strlen(path) + 64;
-    char *tmp = malloc(len), *dir = malloc(len);
-    int fd = -1, err = 0;
-    if (!tmp || !dir) {
-        err = kd_fail(-ENOMEM, "out of memory");
-        goto out;
+static int path_close(void *ctx, int commit)
+{
+    struct kd_path_writer *pw = ctx;
+    int err = 0;
+    if (commit && fsync(pw->fd) != 0) {
+        int e = errno;
+        err = kd_fail(-e, "fsync of %s failed: %s", pw->path, strerror(e));
     }
-    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-        snprintf(tmp, len, "%s.tmp-%ld-%llx", path, (long)getpid(),
+    if (close(pw->fd) != 0 && commit && !err) {
+        int e = errno;
+        err = kd_fail(-e, "closing %s failed: %s", pw->path, strerror(e));
+    }
+    if (commit && !err && rename(pw->tmp, pw->path) != 0) {
+        int e = errno;
+        err = kd_fail(-e, "cannot rename the temporary file to %s: %s", pw->path, strerror(e));
+    }
+    if (!commit || err) {
+        unlink(pw->tmp);
+    } else {
+        /* Make the rename itself durable. */
+        size_t len = strlen(pw->path) + 2;
+        char *dir = malloc(len);
+        if (dir) {
+            dir_of(pw->path, dir, len);
+            int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (dfd >= 0) {
+                fsync(dfd);
+                close(dfd);
+            }
+            free(dir);
+        }
+    }
+    path_writer_release(pw);
+    return err;
+}
+
+static int path_write(void *ctx, const void *buf, size_t n)
+{
+    struct kd_path_writer *pw = ctx;
+    return fd_write(&pw->fdw, buf, n);
+}
+
+int kd_path_writer_open(struct kd_writer *w, struct kd_path_writer *pw, const char *path)
+{
+    memset(pw, 0, sizeof *pw);
+    pw->fd = -1;
+    struct stat st;
+    int have_target = stat(path, &st) == 0;
+    if (have_target && S_ISDIR(st.st_mode))
+        return kd_fail(-EISDIR, "cannot save to %s: it is a directory", path);
+    size_t len = strlen(path) + 64;
+    pw->path = strdup(path);
+    pw->tmp = malloc(len);
+    if (!pw->path || !pw->tmp) {
+        path_writer_release(pw);
+        return kd_fail(-ENOMEM, "out of memory");
+    }
+    for (int attempt = 0; attempt < 100 && pw->fd < 0; attempt++) {
+        snprintf(pw->tmp, len, "%s.tmp-%ld-%llx", path, (long)getpid(),
                  (unsigned long long)(kd_now_ns() + (uint64_t)attempt));
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (fd < 0 && errno != EEXIST)
+        pw->fd = open(pw->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (pw->fd < 0 && errno != EEXIST)
             break;
     }
+    if (pw->fd < 0) {
+        int e = errno;
+        path_writer_release(pw);
+        return kd_fail(-e, "cannot create a temporary file beside %s: %s", path, strerror(e));
+    }
+    /* Replacing a file keeps its permission bits. */
+    if (have_target && S_ISREG(st.st_mode))
+        fchmod(pw->fd, st.st_mode & 07777);
+    kd_fd_writer_init(w, &pw->fdw, pw->fd, pw->path);
+    w->write = path_write;
+    w->close = path_close;
+    w->ctx = pw;
+    return 0;
+}
+
+int kd_save_atomic(const char *path, kd_emit_fn emit, void *arg)
+{
+    struct kd_writer w;
+    struct kd_path_writer pw;
+    int err = kd_path_writer_open(&w, &pw, path);
+    if (err)
+        return err;
+    err = emit(arg, &w);
+    char msg[KD_ERRMSG_LEN];
+    if (err)
+        snprintf(msg, sizeof msg, "%s", kd_last_error());
+    int cerr = kd_writer_close(&w, !err);
+    if (err) {
+        kd_set_error_text(msg);
+        return err;
+    }
+    return cerr;
+}
+
+/* ---- file reader */
+
+static int64_t fd_read(void *ctx, void *buf, size_t n)
+{
+    struct kd_fd_reader *r = ctx;
+    for (;;) {
+        ssize_t got = read(r->fd, buf, n > MAX_SYSCALL_BYTES ? MAX_SYSCALL_BYTES : n);
+        if (got >= 0)
+            return got;
+        if (errno == EINTR)
+            continue;
+        int e = errno;
+        return kd_fail(-e, "reading %s: %s", r->path, strerror(e));
+    }
+}
+
+static void fd_close(void *ctx)
+{
+    struct kd_fd_reader *r = ctx;
+    if (r->owns && r->fd >= 0)
+        close(r->fd);
+    r->fd = -1;
+}
+
+void kd_fd_reader_init(struct kd_reader *r, struct kd_fd_reader *ctx, int fd, const char *path)
+{
+    ctx->fd = fd;
+    ctx->owns = 0;
+    ctx->path = path;
+    r->read = fd_read;
+    r->close = fd_close;
+    r->ctx = ctx;
+    r->size = KD_SIZE_UNKNOWN;
+    r->whole = 0;
+}
+
+int kd_fd_reader_open(struct kd_reader *r, struct kd_fd_reader *ctx, const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
-        err = kd_fail(-e, "cannot create a temporary file beside %s: %s", path, strerror(e));
-        goto out;
+        return kd_fail(-e, "cannot open %s: %s", path, strerror(e));
     }
-    struct kd_writer w;
-    struct kd_fd_writer fw;
-    kd_fd_writer_init(&w, &fw, fd, path);
-    err = emit(arg, &w);
-    if (!err && fsync(fd) != 0) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
         int e = errno;
-        err = kd_fail(-e, "fsync of %s failed: %s", path, strerror(e));
+        close(fd);
+        return kd_fail(-e, "cannot stat %s: %s", path, strerror(e));
     }
-    if (close(fd) != 0 && !err) {
-        int e = errno;
-        err = kd_fail(-e, "closing %s failed: %s", path, strerror(e));
+    if (S_ISDIR(st.st_mode)) {
+        close(fd);
+        return kd_fail(-EISDIR, "%s is a directory, not an index file", path);
     }
-    fd = -1;
-    if (!err && rename(tmp, path) != 0) {
-        int e = errno;
-        err = kd_fail(-e, "cannot rename the temporary file to %s: %s", path, strerror(e));
+    kd_fd_reader_init(r, ctx, fd, path);
+    ctx->owns = 1;
+    if (S_ISREG(st.st_mode)) {
+        r->size = (uint64_t)st.st_size;
+        r->whole = 1;
+        posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     }
-    if (err) {
-        unlink(tmp);
-        goto out;
-    }
-    /* Make the rename itself durable. */
-    dir_of(path, dir, len);
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-out:
-    free(tmp);
-    free(dir);
-    return err;
+    return 0;
+}
+
+/* ---- memory reader */
+
+static int64_t mem_read(void *ctx, void *buf, size_t n)
+{
+    struct kd_mem_reader *m = ctx;
+    size_t left = m->size - m->pos;
+    if (n > left)
+        n = left;
+    memcpy(buf, m->data + m->pos, n);
+    m->pos += n;
+    return (int64_t)n;
+}
+
+void kd_mem_reader_init(struct kd_reader *r, struct kd_mem_reader *ctx, const void *data,
+                        size_t size)
+{
+    ctx->data = data;
+    ctx->size = size;
+    ctx->pos = 0;
+    r->read = mem_read;
+    r->close = NULL;
+    r->ctx = ctx;
+    r->size = size;
+    r->whole = 1;
+}
+
+/* ---- filesystem facts */
+
+#define TMPFS_MAGIC_ 0x01021994
+#define RAMFS_MAGIC_ 0x858458f6
+
+int kd_path_in_memory(const char *path)
+{
+    struct statfs sf;
+    if (statfs(path, &sf) != 0)
+        return 0;
+    return (unsigned long)sf.f_type == TMPFS_MAGIC_ || (unsigned long)sf.f_type == RAMFS_MAGIC_;
 }

@@ -358,13 +358,18 @@ static PyObject *Index_save_file(KdIndexObject *self, PyObject *file)
     struct kd_writer w;
     struct kd_pywriter pw;
     int err;
-    kd_pywriter_init(&w, &pw, file);
+    if (kd_pywriter_init(&w, &pw, file)) {
+        leave(self);
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS
     err = kd_index_save(ix, &w);
     Py_END_ALLOW_THREADS
     leave(self);
-    if (kd_pywriter_finish(&pw))
+    if (kd_pywriter_finish(&pw)) {
+        kd_clear_error();
         return NULL;
+    }
     return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
 }
 

@@ -38,11 +38,33 @@ PyObject *kd_raise(int err);
  * for each chunk; a Python exception raised by write() is kept and restored
  * by kd_pywriter_finish. */
 struct kd_pywriter {
-    PyObject *file;
+    PyObject *file, *name;
     PyObject *exc_type, *exc_value, *exc_tb;
 };
-void kd_pywriter_init(struct kd_writer *w, struct kd_pywriter *ctx, PyObject *file);
+/* With the GIL held; -1 with an exception set on failure. */
+int kd_pywriter_init(struct kd_writer *w, struct kd_pywriter *ctx, PyObject *file);
 /* With the GIL held: restore a pending exception; returns 1 if there was one. */
 int kd_pywriter_finish(struct kd_pywriter *ctx);
+
+/* A reader whose source is a Python binary file-like object: readinto() into
+ * the destination itself (8 MiB at most per call), else read() and a copy.
+ * It takes the GIL for each chunk; an exception is kept as for the writer.
+ * size: bytes the source is known to hold, or KD_SIZE_UNKNOWN. */
+struct kd_pyreader {
+    PyObject *readinto, *read;
+    PyObject *exc_type, *exc_value, *exc_tb;
+};
+/* With the GIL held; -1 with TypeError set when file cannot be read. */
+int kd_pyreader_init(struct kd_reader *r, struct kd_pyreader *ctx, PyObject *file,
+                     uint64_t size);
+int kd_pyreader_finish(struct kd_pyreader *ctx);
+
+/* Release a memoryview over our memory after a call into Python. */
+int kd_release_view(PyObject *view);
+
+/* Module functions: load_bytes(buffer), load_path(path), load_file(file, size=-1). */
+PyObject *kd_mod_load_bytes(PyObject *mod, PyObject *arg);
+PyObject *kd_mod_load_path(PyObject *mod, PyObject *arg);
+PyObject *kd_mod_load_file(PyObject *mod, PyObject *args);
 
 #endif

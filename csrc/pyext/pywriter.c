@@ -11,11 +11,18 @@ static int py_write(void *p, const void *buf, size_t n)
     while (n > 0 && !err) {
         size_t len = n < CHUNK ? n : CHUNK;
         PyObject *view = PyMemoryView_FromMemory((char *)buf, (Py_ssize_t)len, PyBUF_READ);
-        PyObject *r = view ? PyObject_CallMethod(w->file, "write", "O", view) : NULL;
+        PyObject *r = view ? PyObject_CallMethodObjArgs(w->file, w->name, view, NULL) : NULL;
+        if (!r)
+            PyErr_Fetch(&w->exc_type, &w->exc_value, &w->exc_tb);
+        int kept = view && kd_release_view(view) != 0;
         Py_XDECREF(view);
         if (!r) {
-            PyErr_Fetch(&w->exc_type, &w->exc_value, &w->exc_tb);
             err = kd_fail(-EIO, "the file object's write() raised");
+            break;
+        }
+        if (kept) {
+            Py_DECREF(r);
+            err = kd_fail(-EIO, "the file object kept the buffer given to write()");
             break;
         }
         /* Raw streams may write less than asked; buffered ones never do. */
@@ -37,16 +44,22 @@ static int py_write(void *p, const void *buf, size_t n)
     return err;
 }
 
-void kd_pywriter_init(struct kd_writer *w, struct kd_pywriter *ctx, PyObject *file)
+int kd_pywriter_init(struct kd_writer *w, struct kd_pywriter *ctx, PyObject *file)
 {
     ctx->file = file;
     ctx->exc_type = ctx->exc_value = ctx->exc_tb = NULL;
+    ctx->name = PyUnicode_InternFromString("write");
+    if (!ctx->name)
+        return -1;
     w->write = py_write;
+    w->close = NULL;
     w->ctx = ctx;
+    return 0;
 }
 
 int kd_pywriter_finish(struct kd_pywriter *ctx)
 {
+    Py_CLEAR(ctx->name);
     if (!ctx->exc_type)
         return 0;
     PyErr_Restore(ctx->exc_type, ctx->exc_value, ctx->exc_tb);

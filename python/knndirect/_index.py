@@ -2,9 +2,8 @@
 the C core (knndirect._core), which does all the work with the GIL released."""
 from __future__ import annotations
 
-import builtins
+import io
 import math
-import mmap
 import operator
 import os
 import warnings
@@ -153,14 +152,16 @@ class Index:
                                  QUANTIZATIONS[quantization], seed))
 
     @classmethod
-    def _from_core(cls, core, threads=0):
+    def _from_core(cls, core, threads=0, source="new", preload=()):
         self = cls.__new__(cls)
-        self._attach(core, threads)
+        self._attach(core, threads, source, preload)
         return self
 
-    def _attach(self, core, threads=0):
+    def _attach(self, core, threads=0, source="new", preload=()):
         self._core = core
         self._threads = threads
+        self._source = source
+        self._preload = list(preload)
         info = core.info()
         self._dim = info["dim"]
         self._metric = info["metric"]
@@ -336,9 +337,15 @@ class Index:
         Parameters
         ----------
         target : str, os.PathLike or binary file-like
-            A path is written atomically (temporary file in the same
-            directory, fsync, rename); a file-like object only needs
-            ``.write`` (the file is written as one sequential stream).
+            A path is written atomically: a temporary file ``PATH.tmp-*`` in
+            the same directory, fsync, rename. On any failure (ENOSPC, an
+            exception) the temporary file is removed and an index already at
+            the path is left untouched; a process killed mid-save can leave
+            the temporary file behind, never a torn index. A file-like object
+            only needs ``.write``: the index is written as one sequential
+            stream in chunks of at most 8 MiB (a pipe or socket works), with
+            the GIL taken only per chunk. What a failed save already wrote to
+            a file-like object stays there.
         """
         if isinstance(target, (str, bytes, os.PathLike)):
             self._core.save_path(target)
@@ -354,7 +361,9 @@ class Index:
 
     def verify(self) -> bool:
         """Check every checksum of the index file, vector section included
-        (``open`` checks only the metadata).
+        (``open`` checks the metadata sections, and reads vectors lazily).
+        An index from ``load`` had every checksum checked while it was read
+        and has no file behind it: verify() returns True.
 
         Returns
         -------
@@ -373,10 +382,18 @@ class Index:
         "memory" when loaded), direct_io (bool), record_size (bytes per
         stored vector record), code_size (bytes per code), alignment (bytes;
         reads are rounded to it), resident_bytes (memory the index holds in
-        RAM), default_oversample, default_ef and fallbacks (list of str:
-        "no_direct_io", "no_io_uring").
+        RAM), default_oversample, default_ef, fallbacks (list of str:
+        "no_direct_io", "no_io_uring"), source (where the index came from:
+        "new" for one built here, "path" for ``open`` or ``load`` of a path,
+        "file" for ``load`` of a file-like object, "bytes" for ``load`` of a
+        bytes-like object or an unpickled index; whenever storage is
+        "memory" the vectors are held in RAM) and preload (the sections
+        ``open`` read into the page cache; [] otherwise).
         """
-        return self._core.info()
+        info = self._core.info()
+        info["source"] = self._source
+        info["preload"] = list(self._preload)
+        return info
 
     def stats(self, reset=False) -> dict:
         """Counters since open, load or the last reset, as a dict.
@@ -448,38 +465,55 @@ def _human_bytes(n):
         n /= 1024
 
 
+def _remaining(f):
+    """Bytes left in a seekable file object, or -1 when unknown."""
+    try:
+        if f.seekable():
+            pos = f.tell()
+            end = f.seek(0, os.SEEK_END)
+            f.seek(pos)
+            return max(end - pos, 0)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
+    return -1
+
+
 def load(source) -> Index:
     """Load an index fully into memory (vectors included).
 
     Parameters
     ----------
-    source : str, os.PathLike, binary file-like or bytes-like
-        A path, an object with ``.read()`` returning bytes, or bytes /
-        bytearray / memoryview / mmap.
+    source : str, os.PathLike, bytes-like or binary file-like
+        A path; bytes / bytearray / memoryview / mmap / any object with the
+        buffer protocol; or an object with ``readinto()`` (or ``read()``)
+        returning bytes, read front to back in chunks of at most 8 MiB with
+        the GIL taken only per chunk (a pipe or socket works; the stream is
+        left just past the index).
 
     Returns
     -------
     Index
-        A writable index: add, remove, search and save all work. A truncated,
-        corrupted or foreign file raises ValueError.
+        A writable index: add, remove, search and save all work. Every
+        checksum is verified while reading, vectors included; a truncated,
+        corrupted or foreign source raises ValueError, a failing one OSError.
+        Memory: the index itself plus a 1 MiB read-ahead buffer; the source
+        is never copied whole. ``info()["source"]`` says where it came from.
     """
-    if isinstance(source, (str, bytes, os.PathLike)) and not isinstance(source, bytes):
-        with builtins.open(source, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                raise ValueError(f"{os.fspath(source)} is empty, not a knndirect index")
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                return Index._from_core(_core.load_bytes(mm))
-    if hasattr(source, "read") and not isinstance(source, (bytes, bytearray, memoryview)):
-        data = source.read()
-        if not isinstance(data, (bytes, bytearray)):
-            raise TypeError("the file object must be opened in binary mode")
-        return Index._from_core(_core.load_bytes(data))
+    if isinstance(source, (str, os.PathLike)):
+        return Index._from_core(_core.load_path(os.fspath(source)), source="path")
+    if isinstance(source, io.TextIOBase):
+        raise TypeError("the file object must be opened in binary mode")
     try:
         view = memoryview(source)
     except TypeError:
-        raise TypeError("source must be a path, a binary file-like object or bytes") from None
-    return Index._from_core(_core.load_bytes(view))
+        view = None
+    if view is not None:
+        with view:
+            return Index._from_core(_core.load_bytes(view), source="bytes")
+    if hasattr(source, "readinto") or hasattr(source, "read"):
+        return Index._from_core(_core.load_file(source, _remaining(source)), source="file")
+    raise TypeError("source must be a path, a bytes-like object or a binary file-like object, "
+                    f"got {type(source).__name__}")
 
 
 def open(path, *, direct_io=True, io_backend="auto", io_depth=128, preload=("graph", "codes"),
@@ -504,8 +538,14 @@ def open(path, *, direct_io=True, io_backend="auto", io_depth=128, preload=("gra
     io_depth : int
         Reads in flight at most (default 128), independent of threads.
     preload : iterable of {"graph", "codes", "ids", "vectors"}, or str
-        Sections pulled into the page cache now (default graph and codes);
-        the others are read on demand. ``()`` when memory is tight.
+        Sections pulled into the page cache while the index opens (default
+        graph and codes); the others are mapped with MADV_RANDOM and read a
+        4 KiB page at a time on demand. Preloading pays when the page cache
+        can hold what it loads; when memory is tight it only evicts pages
+        that are needed, so pass ``()``. "vectors" helps only the buffered
+        backends ("mmap", or the no-O_DIRECT fallback): O_DIRECT reads never
+        look at the page cache, so it is ignored otherwise.
+        ``info()["preload"]`` lists what was preloaded.
     threads : int, optional
         Default native threads for batch searches (default: all cores).
 
@@ -529,7 +569,10 @@ def open(path, *, direct_io=True, io_backend="auto", io_depth=128, preload=("gra
             mask |= 1 << sec
     nthreads = _positive_int(threads, "threads")
     core = _core.open(os.fspath(path), bool(direct_io), IO_BACKENDS[io_backend], depth, mask)
-    index = Index._from_core(core, nthreads)
+    done = [name for name in PRELOAD_SECTIONS if name in (preload or ())]
+    if "vectors" in done and core.info()["direct_io"]:
+        done.remove("vectors")
+    index = Index._from_core(core, nthreads, source="path", preload=done)
     for fallback in index.info()["fallbacks"]:
         warnings.warn(FALLBACK_WARNINGS[fallback].format(path=os.fspath(path)), RuntimeWarning,
                       stacklevel=2)

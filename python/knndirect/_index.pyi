@@ -48,6 +48,8 @@ class _IndexInfo(TypedDict, total=False):
     default_oversample: float
     default_ef: int
     fallbacks: List[str]
+    source: Literal["new", "path", "file", "bytes"]
+    preload: List[str]
 
 class _IndexStats(TypedDict):
     queries: int
