@@ -72,8 +72,13 @@ def test_sdist_carries_c_sources_tests_and_notebook(tmp_path):
     """Build an sdist from a copy of the source tree (no isolation, so no
     downloads) and list it."""
     _source("MANIFEST.in")
-    pytest.importorskip("build", reason="the 'build' package is not installed")
     pytest.importorskip("setuptools", reason="setuptools is not installed")
+    # Probe from tmp_path: a build/ folder in the current directory would
+    # shadow the package.
+    probe = subprocess.run([sys.executable, "-c", "import build.__main__"], cwd=tmp_path,
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("the 'build' package is not installed")
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("*.so", "*.o", "__pycache__", "*.egg-info", "build",
                                     "dist", ".pytest_cache", "data", "results")
@@ -84,7 +89,7 @@ def test_sdist_carries_c_sources_tests_and_notebook(tmp_path):
         shutil.copy(os.path.join(ROOT, name), src / name)
     r = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation",
                         "--outdir", str(tmp_path / "dist"), str(src)],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
     if r.returncode != 0 and "setuptools" in r.stdout + r.stderr and "version" in r.stderr:
         pytest.skip("installed setuptools is too old for pyproject's build requirement")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
