@@ -1,0 +1,171 @@
+"""Format durability: index files written by earlier format versions keep
+opening, with the same answers.
+
+tests/data/golden_v<N>_*.kdx were written by format version N (see
+tests/data/make_golden.py, which must only ever ADD files, with a version
+bump). Every later build must read them: open, load from a path, bytes and a
+file object, then search them exactly and through the graph with a full
+beam (an answer independent of search heuristics), and get the stored
+vectors back bit for bit. A file newer than this build reads is refused
+with a message naming both versions."""
+import glob
+import io
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import knndirect as kd
+from conftest import open_quiet
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+GOLDEN = sorted(glob.glob(os.path.join(DATA, "golden_v*_*.kdx")))
+K = 10
+
+
+def test_golden_files_present():
+    assert GOLDEN, "tests/data holds no golden index file"
+    assert any(os.path.basename(p).startswith("golden_v1_") for p in GOLDEN), \
+        "the version 1 golden files must stay"
+
+
+def _expected(path):
+    with np.load(path[:-4] + ".npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def _file_version(path):
+    with open(path, "rb") as f:
+        head = f.read(16)
+    assert head[:8] == b"KNNDIRCT"
+    return struct.unpack_from("<I", head, 8)[0]
+
+
+def _openers(path):
+    blob = open(path, "rb").read()
+    return {
+        "open": lambda: open_quiet(path, "threads"),
+        "open_pread": lambda: open_quiet(path, "pread", preload=()),
+        "open_mmap": lambda: open_quiet(path, "mmap", preload=("graph", "codes", "ids",
+                                                                "vectors")),
+        "load_path": lambda: kd.load(path),
+        "load_bytes": lambda: kd.load(blob),
+        "load_file": lambda: kd.load(io.BytesIO(blob)),
+    }
+
+
+CASES = [(p, how) for p in GOLDEN for how in
+         ("open", "open_pread", "open_mmap", "load_path", "load_bytes", "load_file")]
+
+
+@pytest.mark.parametrize("path,how", CASES,
+                         ids=["%s-%s" % (os.path.basename(p)[:-4], h) for p, h in CASES])
+def test_golden_answers(path, how):
+    e = _expected(path)
+    version = _file_version(path)
+    assert version == int(e["version"])
+    f = kd.features()
+    assert f["min_format_version"] <= version <= f["format_version"]
+    n, dim, m, seed, k = (int(v) for v in e["params"])
+    index = _openers(path)[how]()
+    try:
+        info = index.info()
+        assert info["dim"] == dim and index.dim == dim
+        assert info["metric"] == str(e["metric"]) and index.metric == str(e["metric"])
+        assert info["quantization"] == str(e["quantization"])
+        assert info["m"] == m and info["seed"] == seed
+        assert info["slots"] == n
+        assert len(index) == n - len(e["removed"])
+        q = e["queries"]
+        D, I = index.search(q, K, exact=True)
+        np.testing.assert_array_equal(I, e["exact_I"])
+        np.testing.assert_allclose(D, e["exact_D"], rtol=1e-5, atol=1e-5)
+        live = len(index)
+        D, I = index.search(q, K, ef=live, oversample=live / K)
+        np.testing.assert_array_equal(I, e["full_I"])
+        np.testing.assert_allclose(D, e["full_D"], rtol=1e-5, atol=1e-5)
+        # Default search: the graph and codes work (the answer may move with
+        # the search heuristics, so only its quality is checked).
+        D, I = index.search(q, K)
+        hits = sum(len(set(a) & set(b)) for a, b in zip(I.tolist(), e["exact_I"].tolist()))
+        assert hits / e["exact_I"].size >= 0.8
+        removed = set(e["removed"].tolist())
+        assert not removed & set(I.ravel().tolist())
+        # Stored vectors come back bit for bit (cosine included).
+        keep = np.array([i for i in e["ids"].tolist() if i not in removed])
+        V = index.get_vectors(keep)
+        rows = np.searchsorted(e["ids"], keep)
+        assert np.ascontiguousarray(V).tobytes() == e["base"][rows].tobytes()
+        with pytest.raises(KeyError):
+            index.get_vectors(e["removed"][:1])
+        assert index.verify() is True
+    finally:
+        index.close()
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=[os.path.basename(p)[:-4] for p in GOLDEN])
+def test_golden_resaved_by_this_build(path, tmp_path):
+    """Loading an old file and saving it writes the current format, with the
+    same answers."""
+    e = _expected(path)
+    index = kd.load(path)
+    out = tmp_path / "resaved.kdx"
+    index.save(out)
+    index.close()
+    assert _file_version(out) == kd.features()["format_version"]
+    for again in (kd.load(out), open_quiet(out, "threads")):
+        D, I = again.search(e["queries"], K, exact=True)
+        np.testing.assert_array_equal(I, e["exact_I"])
+        again.close()
+
+
+# ------------------------------------------------------------------ versions
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def with_version(blob, version):
+    """The file with its header (and tail) claiming another format version,
+    checksums fixed, so only the version is wrong."""
+    b = bytearray(blob)
+    struct.pack_into("<I", b, 8, version)
+    struct.pack_into("<I", b, 60, crc32c(bytes(b[:60])))
+    struct.pack_into("<I", b, len(b) - 16, version)
+    return bytes(b)
+
+
+def test_crc32c_helper_matches_the_file():
+    blob = open(GOLDEN[0], "rb").read()
+    assert struct.unpack_from("<I", blob, 60)[0] == crc32c(blob[:60])
+
+
+@pytest.mark.parametrize("delta", [1, 7])
+def test_newer_version_is_refused_naming_both(tmp_path, delta):
+    current = kd.features()["format_version"]
+    newer = current + delta
+    bad = with_version(open(GOLDEN[0], "rb").read(), newer)
+    p = tmp_path / "newer.kdx"
+    p.write_bytes(bad)
+    for attempt in (lambda: kd.open(p), lambda: kd.load(p), lambda: kd.load(bad),
+                    lambda: kd.load(io.BytesIO(bad))):
+        with pytest.raises(ValueError) as ei:
+            attempt()
+        msg = str(ei.value)
+        assert "version %d" % newer in msg and "version %d" % current in msg, msg
+        assert "newer" in msg
+
+
+def test_older_unsupported_version_is_refused(tmp_path):
+    bad = with_version(open(GOLDEN[0], "rb").read(), 0)
+    p = tmp_path / "old.kdx"
+    p.write_bytes(bad)
+    for attempt in (lambda: kd.open(p), lambda: kd.load(bad)):
+        with pytest.raises(ValueError, match="version 0"):
+            attempt()
