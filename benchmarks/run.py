@@ -5,6 +5,7 @@ same data.
     python benchmarks/run.py --quick                 # smoke run, about a minute
     python benchmarks/run.py --dataset clustered-100k-384 --threads 1,2
     python benchmarks/run.py --all --readme          # the README's figures
+    python benchmarks/run.py --dataset a,b           # several sets, one after the other
 
 Each system is built in a process of its own (clean build time and peak
 RSS), saved, then loaded in a fresh process that measures its resident
@@ -38,7 +39,8 @@ from systems import DEFAULT_SYSTEMS, SYSTEMS  # noqa: E402
 SUITE = [
     {"dataset": "clustered-100k-384"},
     {"dataset": "minilm-wordnet"},
-    {"dataset": "clustered-100k-768", "systems": "knndirect,knndirect-disk,hnswlib"},
+    {"dataset": "clustered-100k-768", "systems": "knndirect,knndirect-disk,hnswlib",
+     "build_threads": [2]},
 ]
 QUICK_DATASET = "clustered-20k-128"
 
@@ -52,7 +54,12 @@ def parse_args(argv=None):
                          "file: .npy, .fvecs/.bvecs, ann-benchmarks .hdf5 "
                          "(default clustered-100k-384; --quick: clustered-20k-128)")
     ap.add_argument("--all", action="store_true",
-                    help="run the suite: " + ", ".join(s["dataset"] for s in SUITE))
+                    help="run the suite: " + ", ".join(s["dataset"] for s in SUITE) +
+                         " (the last with knndirect and hnswlib only, for the d=768 "
+                         "resident-memory target)")
+    ap.add_argument("--minilm", default="minilm-wordnet",
+                    help="the embedding set --all uses: minilm-wordnet (all 117k "
+                         "definitions) or minilm-wordnet-<n>k (an evenly spaced subset)")
     ap.add_argument("--metric", default=None, choices=["cosine", "l2", "ip"],
                     help="default: cosine for the named sets, the file's own for HDF5, else l2")
     ap.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS))
@@ -236,6 +243,13 @@ def bench_dataset(args, dataset_spec, systems, meta):
     return result
 
 
+def _rel(path):
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return str(Path(path).resolve())
+
+
 def finish(result):
     result["targets"] = report.evaluate_targets(result)
     result["meta"].setdefault("loadavg_end", os.getloadavg()[0])
@@ -250,28 +264,30 @@ def main(argv=None):
         raise SystemExit(f"unknown systems {unknown}; choose from {list(SYSTEMS)}")
     meta = machine_meta(args.machine_label)
     if args.all:
-        plan = [(s["dataset"], [x for x in s.get("systems", ",".join(systems)).split(",")
-                                if x in systems or "systems" in s]) for s in SUITE]
+        plan = []
+        for s in SUITE:
+            name = args.minilm if s["dataset"] == "minilm-wordnet" else s["dataset"]
+            syst = [x for x in s.get("systems", ",".join(systems)).split(",")
+                    if x in systems or "systems" in s]
+            plan.append((name, syst, s.get("build_threads", args.build_threads)))
     else:
-        plan = [(args.dataset or (QUICK_DATASET if args.quick else "clustered-100k-384"),
-                 systems)]
+        spec = args.dataset or (QUICK_DATASET if args.quick else "clustered-100k-384")
+        plan = [(name, systems, args.build_threads) for name in spec.split(",")]
     results = []
-    for dataset, syst in plan:
-        meta_ds = dict(meta, loadavg_start=os.getloadavg()[0], date=meta["date"])
+    all_build_threads = args.build_threads
+    for dataset, syst, build_threads in plan:
+        meta_ds = dict(meta, loadavg_start=os.getloadavg()[0],
+                       date=dt.datetime.now().strftime("%Y-%m-%d %H:%M"))
         meta_ds.pop("loadavg_end", None)
+        args.build_threads = build_threads
         results.append(bench_dataset(args, dataset, syst, meta_ds))
+    args.build_threads = all_build_threads
     for r in results:
         print()
         print(report.markdown(r))
     if args.readme:
-        names = [s["dataset"] for s in SUITE]
-        on_disk = []
-        for name in names:
-            p = Path(args.out) / f"{name}.json"
-            if p.exists():
-                on_disk.append(json.loads(p.read_text()))
-        report.update_readme(REPO / "README.md", on_disk)
-        print(f"[run] README.md benchmark block rewritten from {len(on_disk)} result files")
+        report.update_readme(REPO / "README.md", results, results_rel=_rel(args.out))
+        print(f"[run] README.md benchmark block rewritten from {len(results)} result(s)")
     return 0
 
 
