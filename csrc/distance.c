@@ -111,66 +111,61 @@ AVX2 static float dot_avx2(const float *a, const float *b, size_t d)
     return hsum256(_mm256_add_ps(s0, s1));
 }
 
+/* Two accumulators per query: an FMA's latency is several cycles, so one
+ * chain per query would leave the FMA units idle. */
 AVX2 static void dot4_avx2(const float *const q[4], const float *x, size_t d, float out[4],
                            float *xx)
 {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps();
-    __m256 s3 = _mm256_setzero_ps(), sx = _mm256_setzero_ps();
+    __m256 a[4], b[4], xa = _mm256_setzero_ps(), xb = _mm256_setzero_ps();
+    for (int j = 0; j < 4; j++)
+        a[j] = b[j] = _mm256_setzero_ps();
     size_t i = 0;
-    for (; i + 8 <= d; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q[0] + i), v, s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q[1] + i), v, s1);
-        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(q[2] + i), v, s2);
-        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(q[3] + i), v, s3);
-        sx = _mm256_fmadd_ps(v, v, sx);
+    for (; i + 16 <= d; i += 16) {
+        __m256 v = _mm256_loadu_ps(x + i), w = _mm256_loadu_ps(x + i + 8);
+        for (int j = 0; j < 4; j++) {
+            a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + i), v, a[j]);
+            b[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + i + 8), w, b[j]);
+        }
+        xa = _mm256_fmadd_ps(v, v, xa);
+        xb = _mm256_fmadd_ps(w, w, xb);
     }
-    if (i < d) {
-        __m256i m = tail_mask(d - i);
+    for (; i < d; i += 8) {
+        __m256i m = tail_mask(d - i >= 8 ? 8 : d - i);
         __m256 v = _mm256_maskload_ps(x + i, m);
-        s0 = _mm256_fmadd_ps(_mm256_maskload_ps(q[0] + i, m), v, s0);
-        s1 = _mm256_fmadd_ps(_mm256_maskload_ps(q[1] + i, m), v, s1);
-        s2 = _mm256_fmadd_ps(_mm256_maskload_ps(q[2] + i, m), v, s2);
-        s3 = _mm256_fmadd_ps(_mm256_maskload_ps(q[3] + i, m), v, s3);
-        sx = _mm256_fmadd_ps(v, v, sx);
+        for (int j = 0; j < 4; j++)
+            a[j] = _mm256_fmadd_ps(_mm256_maskload_ps(q[j] + i, m), v, a[j]);
+        xa = _mm256_fmadd_ps(v, v, xa);
     }
-    out[0] = hsum256(s0);
-    out[1] = hsum256(s1);
-    out[2] = hsum256(s2);
-    out[3] = hsum256(s3);
-    *xx = hsum256(sx);
+    for (int j = 0; j < 4; j++)
+        out[j] = hsum256(_mm256_add_ps(a[j], b[j]));
+    *xx = hsum256(_mm256_add_ps(xa, xb));
 }
 
 AVX2 static void l2sq4_avx2(const float *const q[4], const float *x, size_t d, float out[4])
 {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps();
-    __m256 s3 = _mm256_setzero_ps();
+    __m256 a[4], b[4];
+    for (int j = 0; j < 4; j++)
+        a[j] = b[j] = _mm256_setzero_ps();
     size_t i = 0;
-#define L2_STEP(acc, qj, v)                                                             \
-    do {                                                                                \
-        __m256 t_ = _mm256_sub_ps(qj, v);                                               \
-        acc = _mm256_fmadd_ps(t_, t_, acc);                                             \
-    } while (0)
-    for (; i + 8 <= d; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        L2_STEP(s0, _mm256_loadu_ps(q[0] + i), v);
-        L2_STEP(s1, _mm256_loadu_ps(q[1] + i), v);
-        L2_STEP(s2, _mm256_loadu_ps(q[2] + i), v);
-        L2_STEP(s3, _mm256_loadu_ps(q[3] + i), v);
+    for (; i + 16 <= d; i += 16) {
+        __m256 v = _mm256_loadu_ps(x + i), w = _mm256_loadu_ps(x + i + 8);
+        for (int j = 0; j < 4; j++) {
+            __m256 s = _mm256_sub_ps(_mm256_loadu_ps(q[j] + i), v);
+            __m256 t = _mm256_sub_ps(_mm256_loadu_ps(q[j] + i + 8), w);
+            a[j] = _mm256_fmadd_ps(s, s, a[j]);
+            b[j] = _mm256_fmadd_ps(t, t, b[j]);
+        }
     }
-    if (i < d) {
-        __m256i m = tail_mask(d - i);
+    for (; i < d; i += 8) {
+        __m256i m = tail_mask(d - i >= 8 ? 8 : d - i);
         __m256 v = _mm256_maskload_ps(x + i, m);
-        L2_STEP(s0, _mm256_maskload_ps(q[0] + i, m), v);
-        L2_STEP(s1, _mm256_maskload_ps(q[1] + i, m), v);
-        L2_STEP(s2, _mm256_maskload_ps(q[2] + i, m), v);
-        L2_STEP(s3, _mm256_maskload_ps(q[3] + i, m), v);
+        for (int j = 0; j < 4; j++) {
+            __m256 s = _mm256_sub_ps(_mm256_maskload_ps(q[j] + i, m), v);
+            a[j] = _mm256_fmadd_ps(s, s, a[j]);
+        }
     }
-#undef L2_STEP
-    out[0] = hsum256(s0);
-    out[1] = hsum256(s1);
-    out[2] = hsum256(s2);
-    out[3] = hsum256(s3);
+    for (int j = 0; j < 4; j++)
+        out[j] = hsum256(_mm256_add_ps(a[j], b[j]));
 }
 
 static const struct kd_kernels avx2_kernels = {"avx2", l2sq_avx2, dot_avx2, dot4_avx2, l2sq4_avx2};

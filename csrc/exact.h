@@ -32,6 +32,11 @@ int kd_exact_search(const struct kd_exact_data *d, const float *q, size_t nq, si
                     const uint32_t *rows, size_t nrows, unsigned threads,
                     struct kd_heap_item *out, size_t *nout, struct kd_io_counters *io);
 
+/* Read n floats with `threads` threads as fast as the memory allows (a sum
+ * the compiler cannot drop); returns the seconds taken. The probe that exact
+ * search's throughput is compared with. */
+double kd_exact_read_probe(const float *x, size_t n, unsigned threads);
+
 /* Exact internal distance of one query to one vector. */
 float kd_exact_distance(const struct kd_exact_data *d, const float *q, const float *x);
 

@@ -3,6 +3,7 @@
 #include "pyext.h"
 #include "common.h"
 #include "distance.h"
+#include "exact.h"
 #include "format.h"
 #include "vecio.h"
 
@@ -124,6 +125,21 @@ static PyObject *mod_kernel(PyObject *mod, PyObject *args)
     return r;
 }
 
+/* Benchmark hook: seconds to stream a float32 buffer with `threads` threads. */
+static PyObject *mod_read_probe(PyObject *mod, PyObject *args)
+{
+    Py_buffer b;
+    unsigned int threads = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &b, &threads))
+        return NULL;
+    double secs;
+    Py_BEGIN_ALLOW_THREADS
+    secs = kd_exact_read_probe(b.buf, (size_t)b.len / 4, threads ? threads : kd_cpu_count());
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return PyFloat_FromDouble(secs);
+}
+
 static PyMethodDef mod_methods[] = {
     {"load_bytes", kd_mod_load_bytes, METH_O, "Load an index held in a bytes-like object."},
     {"load_path", kd_mod_load_path, METH_O, "Load an index file into memory."},
@@ -133,6 +149,7 @@ static PyMethodDef mod_methods[] = {
      "open(path, direct_io=True, io_backend=0, io_depth=128, preload=0)"},
     {"features", mod_features, METH_NOARGS, "What this build and CPU offer."},
     {"_kernel", mod_kernel, METH_VARARGS, "Run one distance kernel variant (tests)."},
+    {"_read_probe", mod_read_probe, METH_VARARGS, "Seconds to stream a float32 buffer."},
     {NULL},
 };
 
