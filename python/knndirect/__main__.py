@@ -313,8 +313,8 @@ def _info(args):
         value = info[key]
         if key in _INFO_BYTES or key == "vector_bytes":
             value = f"{value:,} B" if value < 1024 else f"{_human_bytes(value)} ({value:,} B)"
-        elif key == "fallbacks":
-            value = ", ".join(value) if value else "none"
+        elif isinstance(value, (list, tuple)):
+            value = ", ".join(map(str, value)) if value else "none"
         elif isinstance(value, int) and not isinstance(value, bool):
             value = f"{value:,}"
         print(f"{key:<{width}}  {value}")
