@@ -27,6 +27,7 @@ class _Features(TypedDict):
     avx512: bool
     simd: str
     format_version: int
+    min_format_version: int
 
 class _IndexInfo(TypedDict, total=False):
     dim: int
