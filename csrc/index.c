@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #define DEFAULT_EF 64
-#define RERANK_CHUNK 256          /* records per batch read in exact scans */
 
 /* Per-thread search state, pooled on the index. */
 struct kd_ctx {
@@ -27,12 +26,18 @@ struct kd_ctx {
     float *qn;                    /* normalized query (cosine) */
     uint8_t *buf;                 /* aligned records for reranking */
     size_t buf_rows;
-    uint64_t *rows64;             /* one read batch, RERANK_CHUNK rows */
-    uint32_t *rows;
+    uint32_t *rows;               /* the shortlist */
+    uint64_t *rows64;             /* the same, as record numbers to read */
     size_t rows_cap;
     struct kd_heap_item *top;     /* exact top-k */
     size_t top_cap;
     struct kd_stats st;
+    /* A query between its two phases. */
+    const float *q;               /* as searched (normalized for cosine) */
+    size_t nshort, ntop;
+    int finished;                 /* top-k is final, no reads outstanding */
+    struct kd_vecio_pending *reads;
+    uint64_t t_graph;             /* when the graph search ended */
 };
 
 struct kd_index {
@@ -182,9 +187,13 @@ static int ctx_rows(struct kd_ctx *c, size_t n)
     if (n <= c->rows_cap)
         return 0;
     uint32_t *r = realloc(c->rows, n * sizeof *r);
-    if (!r)
+    if (r)
+        c->rows = r;
+    uint64_t *r64 = realloc(c->rows64, n * sizeof *r64);
+    if (r64)
+        c->rows64 = r64;
+    if (!r || !r64)
         return kd_fail(-ENOMEM, "out of memory for a search");
-    c->rows = r;
     c->rows_cap = n;
     return 0;
 }
@@ -225,49 +234,32 @@ static void stats_add(struct kd_index *ix, const struct kd_stats *s)
 
 /* ---- exact scoring of rows, from memory or by batch reads */
 
-/* Score rows[0..n) exactly into the top-k heap. */
-static int score_rows(struct kd_index *ix, struct kd_ctx *c, const float *qn,
-                      const uint32_t *rows, size_t n, size_t k, size_t *ntop)
+/* Score the shortlist in memory: rows are scattered, so keep a few vectors
+ * in flight ahead of the one being scored. */
+static void score_in_memory(struct kd_index *ix, struct kd_ctx *c, size_t k)
 {
-    if (!ix->on_disk) {
-        /* Rows are scattered: keep a few vectors in flight ahead of scoring. */
-        size_t lines = ix->record_bytes / 64 < 8 ? ix->record_bytes / 64 : 8;
-        for (size_t i = 0; i < n; i++) {
-            if (i + 4 < n) {
-                const char *ahead = (const char *)(ix->vectors + (size_t)rows[i + 4] * ix->p.dim);
-                for (size_t l = 0; l < lines; l++)
-                    __builtin_prefetch(ahead + 64 * l);
-            }
-            const float *v = ix->vectors + (size_t)rows[i] * ix->p.dim;
-            float inv = ix->inv_norms ? ix->inv_norms[rows[i]] : 0;
-            kd_topk_offer(c->top, ntop, k, exact_dist(ix, qn, v, inv), rows[i]);
+    size_t lines = ix->record_bytes / 64 < 8 ? ix->record_bytes / 64 : 8;
+    const uint32_t *rows = c->rows;
+    for (size_t i = 0; i < c->nshort; i++) {
+        if (i + 4 < c->nshort) {
+            const char *ahead = (const char *)(ix->vectors + (size_t)rows[i + 4] * ix->p.dim);
+            for (size_t l = 0; l < lines; l++)
+                __builtin_prefetch(ahead + 64 * l);
         }
-        return 0;
+        const float *v = ix->vectors + (size_t)rows[i] * ix->p.dim;
+        float inv = ix->inv_norms ? ix->inv_norms[rows[i]] : 0;
+        kd_topk_offer(c->top, &c->ntop, k, exact_dist(ix, c->q, v, inv), rows[i]);
     }
-    size_t chunk = n < RERANK_CHUNK ? n : RERANK_CHUNK;
-    int err = ctx_buf(ix, c, chunk);
-    if (err)
-        return err;
-    if (!c->rows64 && !(c->rows64 = malloc(RERANK_CHUNK * sizeof *c->rows64)))
-        return kd_fail(-ENOMEM, "out of memory for a search");
-    for (size_t at = 0; at < n; at += chunk) {
-        size_t m = n - at < chunk ? n - at : chunk;
-        for (size_t i = 0; i < m; i++)
-            c->rows64[i] = rows[at + i];
-        struct kd_io_counters io = {0};
-        err = kd_vecio_read(ix->vio, c->rows64, m, c->buf, ix->record_stride, &io);
-        c->st.read_ops += io.read_ops;
-        c->st.read_bytes += io.read_bytes;
-        c->st.io_wait_ns += io.wait_ns;
-        if (err)
-            return err;
-        for (size_t i = 0; i < m; i++) {
-            const float *v = (const float *)(c->buf + i * ix->record_stride);
-            float inv = ix->p.metric == KD_COSINE ? inv_norm_of(ix, v) : 0;
-            kd_topk_offer(c->top, ntop, k, exact_dist(ix, qn, v, inv), rows[at + i]);
-        }
+}
+
+/* Score the shortlist records that the batch read left in c->buf. */
+static void score_read(struct kd_index *ix, struct kd_ctx *c, size_t k)
+{
+    for (size_t i = 0; i < c->nshort; i++) {
+        const float *v = (const float *)(c->buf + i * ix->record_stride);
+        float inv = ix->p.metric == KD_COSINE ? inv_norm_of(ix, v) : 0;
+        kd_topk_offer(c->top, &c->ntop, k, exact_dist(ix, c->q, v, inv), c->rows[i]);
     }
-    return 0;
 }
 
 /* ---- search */
@@ -367,58 +359,94 @@ static struct kd_exact_data exact_data(const struct kd_index *ix)
     return d;
 }
 
-/* Graph search over codes, then the shortlist re-scored exactly. */
-static int search_one(struct kd_index *ix, struct kd_ctx *c, const float *q,
-                      const struct kd_search_params *sp, const struct filter_set *f, float *D,
-                      int64_t *I)
+/* Phase one of a query: the graph search over codes. It leaves the
+ * shortlist's reads in flight (on disk), or the answer final. */
+static int query_begin(struct kd_index *ix, struct kd_ctx *c, const float *q,
+                       const struct kd_search_params *sp, const struct filter_set *f)
 {
-    size_t k = sp->k, ntop = 0;
+    size_t k = sp->k;
+    c->ntop = c->nshort = 0;
+    c->finished = 1;
     int err = ctx_top(c, k);
     if (err)
         return err;
-    const float *qn = normalized_query(ix, q, c->qn);
+    c->q = normalized_query(ix, q, c->qn);
     size_t L = shortlist_size(ix, sp), ef = sp->ef ? sp->ef : DEFAULT_EF;
     if (ef < k)
         ef = k;
     uint64_t t0 = kd_now_ns();
     if ((err = kd_scratch_reserve(&c->s, ix->count, ef, ix->graph.m0)))
         return err;
-    kd_qcode_prepare(&ix->quant, qn, &c->qc);
+    kd_qcode_prepare(&ix->quant, c->q, &c->qc);
     struct estimate_ctx e = {ix, &c->qc};
     struct accept_ctx a = {ix, f->allowed};
     size_t nres = kd_graph_search(&ix->graph, &c->s, ef, L, estimate_rows, prefetch_codes, &e,
                                   accept_live, &a);
     const struct kd_heap_item *res = c->s.out;
-    uint64_t t1 = kd_now_ns();
-    c->st.graph_ns += t1 - t0;
+    c->t_graph = kd_now_ns();
+    c->st.graph_ns += c->t_graph - t0;
     if (nres < k && f->allowed && f->nrows > nres) {
         /* The filter starved the beam: answer this query exactly. */
         struct kd_exact_data d = exact_data(ix);
         struct kd_io_counters io = {0, 0, 0};
-        err = kd_exact_search(&d, qn, 1, k, f->rows, f->nrows, 1, c->top, &ntop, &io);
+        err = kd_exact_search(&d, c->q, 1, k, f->rows, f->nrows, 1, c->top, &c->ntop, &io);
         c->st.read_ops += io.read_ops;
         c->st.read_bytes += io.read_bytes;
         c->st.io_wait_ns += io.wait_ns;
         c->st.exact_queries++;
-        if (err)
-            return err;
-    } else if (!sp->rerank) {
-        for (; ntop < nres && ntop < k; ntop++)
-            c->top[ntop] = res[ntop];
-    } else {
-        size_t n = nres < L ? nres : L;
-        if ((err = ctx_rows(c, n)))
-            return err;
-        for (size_t i = 0; i < n; i++)
-            c->rows[i] = res[i].row;
-        uint64_t io0 = c->st.io_wait_ns;
-        if ((err = score_rows(ix, c, qn, c->rows, n, k, &ntop)))
-            return err;
-        kd_topk_sort(c->top, ntop);
-        c->st.rerank_vectors += n;
-        c->st.rerank_ns += kd_now_ns() - t1 - (c->st.io_wait_ns - io0);
+        return err;
     }
-    write_results(ix, c->top, ntop, k, D, I);
+    if (!sp->rerank) {
+        for (; c->ntop < nres && c->ntop < k; c->ntop++)
+            c->top[c->ntop] = res[c->ntop];
+        return 0;
+    }
+    c->nshort = nres < L ? nres : L;
+    if ((err = ctx_rows(c, c->nshort)))
+        return err;
+    for (size_t i = 0; i < c->nshort; i++)
+        c->rows[i] = res[i].row;
+    if (!ix->on_disk) {
+        score_in_memory(ix, c, k);
+        c->st.rerank_ns += kd_now_ns() - c->t_graph;
+        return 0;
+    }
+    /* The whole shortlist is one batch of reads. */
+    for (size_t i = 0; i < c->nshort; i++)
+        c->rows64[i] = c->rows[i];
+    if ((err = ctx_buf(ix, c, c->nshort)))
+        return err;
+    err = kd_vecio_submit(ix->vio, c->rows64, c->nshort, c->buf, ix->record_stride, &c->reads);
+    c->finished = err != 0;
+    return err;
+}
+
+/* Phase two: wait for the shortlist's records, rescore, write the answer.
+ * Always called after query_begin, so reads in flight are reaped even when
+ * the answer is not wanted (skip). */
+static int query_end(struct kd_index *ix, struct kd_ctx *c, const struct kd_search_params *sp,
+                     float *D, int64_t *I, int skip)
+{
+    int err = 0;
+    if (!c->finished) {
+        struct kd_io_counters io = {0, 0, 0};
+        err = kd_vecio_complete(c->reads, &io);
+        c->reads = NULL;
+        c->finished = 1;
+        c->st.read_ops += io.read_ops;
+        c->st.read_bytes += io.read_bytes;
+        c->st.io_wait_ns += io.wait_ns;
+        if (!err && !skip) {
+            uint64_t t0 = kd_now_ns();
+            score_read(ix, c, sp->k);
+            c->st.rerank_ns += kd_now_ns() - t0;
+        }
+    }
+    if (err || skip)
+        return err;
+    c->st.rerank_vectors += c->nshort;
+    kd_topk_sort(c->top, c->ntop);
+    write_results(ix, c->top, c->ntop, sp->k, D, I);
     c->st.queries++;
     return 0;
 }
@@ -478,18 +506,36 @@ struct batch {
     pthread_mutex_t err_lock;
 };
 
+/* Each worker keeps two queries going on disk: while the shortlist of one
+ * is being read, the graph search of the next one runs. */
 static void *batch_worker(void *arg)
 {
     struct batch *b = arg;
-    struct kd_ctx *c = ctx_get(b->ix);
-    int err = c ? 0 : kd_fail(-ENOMEM, "out of memory for a search");
-    while (!err && !__atomic_load_n(&b->err, __ATOMIC_RELAXED)) {
-        size_t i = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
-        if (i >= b->nq)
+    struct kd_index *ix = b->ix;
+    struct kd_ctx *c[2] = {ctx_get(ix), ctx_get(ix)};
+    size_t k = b->sp->k, pending = SIZE_MAX;
+    int cur = 0, err = c[0] && c[1] ? 0 : kd_fail(-ENOMEM, "out of memory for a search");
+    for (;;) {
+        size_t i = SIZE_MAX;
+        if (!err && !__atomic_load_n(&b->err, __ATOMIC_RELAXED)) {
+            i = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
+            if (i >= b->nq)
+                i = SIZE_MAX;
+        }
+        if (i != SIZE_MAX)
+            err = query_begin(ix, c[cur], b->q + i * ix->p.dim, b->sp, b->f);
+        if (pending != SIZE_MAX) {
+            int e = query_end(ix, c[!cur], b->sp, b->D + pending * k, b->I + pending * k,
+                              err != 0);
+            err = err ? err : e;
+        }
+        if (i == SIZE_MAX || err) {
+            if (i != SIZE_MAX)   /* reap what query_begin may have left in flight */
+                query_end(ix, c[cur], b->sp, NULL, NULL, 1);
             break;
-        size_t k = b->sp->k;
-        err = search_one(b->ix, c, b->q + i * b->ix->p.dim, b->sp, b->f, b->D + i * k,
-                         b->I + i * k);
+        }
+        pending = i;
+        cur = !cur;
     }
     if (err) {
         pthread_mutex_lock(&b->err_lock);
@@ -499,11 +545,12 @@ static void *batch_worker(void *arg)
         }
         pthread_mutex_unlock(&b->err_lock);
     }
-    if (c) {
-        stats_add(b->ix, &c->st);
-        memset(&c->st, 0, sizeof c->st);
-        ctx_put(b->ix, c);
-    }
+    for (int j = 0; j < 2; j++)
+        if (c[j]) {
+            stats_add(ix, &c[j]->st);
+            memset(&c[j]->st, 0, sizeof c[j]->st);
+            ctx_put(ix, c[j]);
+        }
     return NULL;
 }
 

@@ -121,6 +121,25 @@ struct kd_vecio {
     int pool_ok;
 };
 
+/* A batch of record reads between kd_vecio_submit and kd_vecio_complete. */
+struct kd_vecio_pending {
+    struct kd_vecio *v;
+    struct kd_ctx *x;
+    const uint64_t *rows;
+    size_t n;
+    char *dst;
+    size_t dst_stride;
+    int zc;
+    int how;                   /* PENDING_DONE, PENDING_URING, PENDING_POOL */
+    int err;
+    struct kd_io_counters c;
+    unsigned nfree, inflight;  /* io_uring */
+    size_t next;
+    struct kd_batch b;         /* thread pool */
+};
+
+enum { PENDING_DONE, PENDING_URING, PENDING_POOL };
+
 static uint64_t round_down(uint64_t x, uint64_t a) { return x / a * a; }
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 static int is_pow2(uint64_t x) { return x && !(x & (x - 1)); }
@@ -460,41 +479,53 @@ static void uring_prep(struct io_uring *ring, const struct kd_vecio *v,
     io_uring_sqe_set_data(sqe, (void *)(uintptr_t)slot);   /* *_data64 needs liburing 2.2 */
 }
 
-/* Returns 0, or <0 with *broken set when the ring can no longer be trusted. */
-static int uring_read(struct kd_vecio *v, struct kd_ctx *x, const uint64_t *rows, size_t n,
-                      char *dst, size_t dst_stride, int zc, struct kd_io_counters *c,
-                      int *broken)
+/* Queue reads until `inflight` reaches the depth or the batch is queued. */
+static void uring_fill(struct kd_vecio *v, struct kd_vecio_pending *p)
 {
-    struct io_uring *ring = &x->ring;
-    unsigned depth = v->inflight, nfree = depth, inflight = 0;
-    size_t next = 0;
-    int err = 0;
+    struct kd_ctx *x = p->x;
+    while (!p->err && p->next < p->n && p->nfree > 0) {
+        unsigned s = x->free_slots[--p->nfree];
+        struct kd_req *r = &x->slots[s];
+        char *bounce = x->bounce ? x->bounce + (size_t)s * v->max_span : NULL;
+        req_init(v, r, p->rows[p->next], p->dst + p->next * p->dst_stride, p->dst_stride, p->zc,
+                 bounce);
+        uring_prep(&x->ring, v, r, s);
+        p->c.read_ops++;
+        p->c.read_bytes += r->len;
+        p->inflight++;
+        p->next++;
+    }
+}
 
+/* Put the first reads in flight without waiting for any. */
+static void uring_start(struct kd_vecio *v, struct kd_vecio_pending *p)
+{
+    unsigned depth = v->inflight;
     for (unsigned s = 0; s < depth; s++)
-        x->free_slots[s] = depth - 1 - s;
+        p->x->free_slots[s] = depth - 1 - s;
+    p->nfree = depth;
+    uring_fill(v, p);
+    io_uring_submit(&p->x->ring);   /* errors resurface in uring_finish */
+}
+
+/* Returns 0, or <0 with *broken set when the ring can no longer be trusted. */
+static int uring_finish(struct kd_vecio *v, struct kd_vecio_pending *p, int *broken)
+{
+    struct kd_ctx *x = p->x;
+    struct io_uring *ring = &x->ring;
+    struct kd_io_counters *c = &p->c;
 
     for (;;) {
-        /* Top up to `depth` reads in flight; stop issuing after an error. */
-        while (!err && next < n && nfree > 0) {
-            unsigned s = x->free_slots[--nfree];
-            struct kd_req *r = &x->slots[s];
-            char *bounce = x->bounce ? x->bounce + (size_t)s * v->max_span : NULL;
-            req_init(v, r, rows[next], dst + next * dst_stride, dst_stride, zc, bounce);
-            uring_prep(ring, v, r, s);
-            c->read_ops++;
-            c->read_bytes += r->len;
-            inflight++;
-            next++;
-        }
-        if (inflight == 0)
+        uring_fill(v, p);
+        if (p->inflight == 0)
             break;
 
         int rc = io_uring_submit_and_wait(ring, 1);
         if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-            err = kd_fail(rc, "io_uring submit failed reading %s: %s", v->path,
-                          errstr(-rc));
+            p->err = kd_fail(rc, "io_uring submit failed reading %s: %s", v->path,
+                             errstr(-rc));
             /* Wait out what the kernel took; the unsubmitted SQEs die with the ring. */
-            unsigned taken = inflight - io_uring_sq_ready(ring);
+            unsigned taken = p->inflight - io_uring_sq_ready(ring);
             while (taken > 0) {
                 struct io_uring_cqe *cqe;
                 int w = io_uring_wait_cqe(ring, &cqe);
@@ -506,7 +537,7 @@ static int uring_read(struct kd_vecio *v, struct kd_ctx *x, const uint64_t *rows
                 taken--;
             }
             *broken = 1;
-            return err;
+            return p->err;
         }
 
         unsigned head, seen = 0;
@@ -516,9 +547,9 @@ static int uring_read(struct kd_vecio *v, struct kd_ctx *x, const uint64_t *rows
             struct kd_req *r = &x->slots[s];
             int res = cqe->res, st;
             seen++;
-            if (err) {   /* draining after a failure: keep the first message */
-                x->free_slots[nfree++] = s;
-                inflight--;
+            if (p->err) {   /* draining after a failure: keep the first message */
+                x->free_slots[p->nfree++] = s;
+                p->inflight--;
                 continue;
             }
             if (res == -EINTR || res == -EAGAIN)
@@ -536,16 +567,16 @@ static int uring_read(struct kd_vecio *v, struct kd_ctx *x, const uint64_t *rows
             if (st == 1)
                 req_finish(v, r);
             else
-                err = st;
-            x->free_slots[nfree++] = s;
-            inflight--;
+                p->err = st;
+            x->free_slots[p->nfree++] = s;
+            p->inflight--;
         }
         io_uring_cq_advance(ring, seen);
 
         if (seen == 0 && (rc == -EAGAIN || rc == -EBUSY)) {
             /* Kernel short of resources: wait for a completion if any read is
              * in the kernel, else back off briefly before resubmitting. */
-            if (inflight > io_uring_sq_ready(ring)) {
+            if (p->inflight > io_uring_sq_ready(ring)) {
                 struct io_uring_cqe *w;
                 io_uring_wait_cqe(ring, &w);
             } else {
@@ -554,7 +585,7 @@ static int uring_read(struct kd_vecio *v, struct kd_ctx *x, const uint64_t *rows
             }
         }
     }
-    return err;
+    return p->err;
 }
 #endif
 
@@ -690,74 +721,65 @@ static void pool_stop(struct kd_vecio *v)
     v->pool_ok = 0;
 }
 
-static int pool_read(struct kd_vecio *v, const uint64_t *rows, size_t n, char *dst,
-                     size_t dst_stride, int zc, struct kd_io_counters *c)
+/* Hand a batch to the pool's workers; the caller joins in at pool_finish. */
+static int pool_submit(struct kd_vecio *v, struct kd_vecio_pending *p)
 {
-    struct kd_pool *p = &v->pool;
-    struct kd_ctx *x = NULL;
-    int rc = ctx_get(v, &x);   /* the caller works chunks too, with its own bounce */
-    if (rc < 0)
-        return rc;
-    if (!zc && v->direct && (rc = ctx_bounce(v, x, v->max_span)) < 0) {
-        ctx_put(v, x);
-        return rc;
+    struct kd_pool *pool = &v->pool;
+    struct kd_batch *b = &p->b;
+    if (!p->zc && v->direct) {
+        int rc = ctx_bounce(v, p->x, v->max_span);
+        if (rc < 0)
+            return rc;
     }
-
     /* Chunks smaller than an even split so that fast threads take more. */
-    size_t parts = 2 * ((size_t)p->nthreads + 1);
-    if (parts > n)
-        parts = n;
-    struct kd_batch b;
-    memset(&b, 0, sizeof b);
-    b.rows = rows;
-    b.n = n;
-    b.dst = dst;
-    b.dst_stride = dst_stride;
-    b.zc = zc;
-    b.chunk = (n + parts - 1) / parts;
-    b.nchunks = (n + b.chunk - 1) / b.chunk;
-    rc = pthread_cond_init(&b.cv, NULL);
-    if (rc) {
-        ctx_put(v, x);
+    size_t parts = 2 * ((size_t)pool->nthreads + 1);
+    if (parts > p->n)
+        parts = p->n;
+    memset(b, 0, sizeof *b);
+    b->rows = p->rows;
+    b->n = p->n;
+    b->dst = p->dst;
+    b->dst_stride = p->dst_stride;
+    b->zc = p->zc;
+    b->chunk = (p->n + parts - 1) / parts;
+    b->nchunks = (p->n + b->chunk - 1) / b->chunk;
+    int rc = pthread_cond_init(&b->cv, NULL);
+    if (rc)
         return kd_fail(-rc, "cannot create a condition variable reading %s", v->path);
-    }
+    pthread_mutex_lock(&pool->mu);
+    struct kd_batch **pp = &pool->head;   /* FIFO: older batches first */
+    while (*pp)
+        pp = &(*pp)->qnext;
+    *pp = b;
+    for (size_t w = 0; w < b->nchunks && w < pool->nthreads; w++)
+        pthread_cond_signal(&pool->work_cv);
+    pthread_mutex_unlock(&pool->mu);
+    return 0;
+}
 
-    pthread_mutex_lock(&p->mu);
-    if (b.nchunks > 1) {
-        struct kd_batch **pp = &p->head;   /* FIFO: older batches first */
-        while (*pp)
-            pp = &(*pp)->qnext;
-        *pp = &b;
-        /* Wake only as many workers as there are chunks beyond the caller's. */
-        for (size_t w = 1; w < b.nchunks && w <= p->nthreads; w++)
-            pthread_cond_signal(&p->work_cv);
-    }
+static int pool_finish(struct kd_vecio *v, struct kd_vecio_pending *p)
+{
+    struct kd_pool *pool = &v->pool;
+    struct kd_batch *b = &p->b;
+    pthread_mutex_lock(&pool->mu);
     for (;;) {
         size_t k;
         int skip;
-        if (b.nchunks == 1) {
-            if (b.next)
-                break;
-            k = b.next++;
-            skip = 0;
-        } else if (!batch_claim(p, &b, &k, &skip)) {
+        if (!batch_claim(pool, b, &k, &skip))
             break;
-        }
-        pthread_mutex_unlock(&p->mu);
-        batch_run_chunk(v, &b, k, skip, &x->bounce);
-        pthread_mutex_lock(&p->mu);
+        pthread_mutex_unlock(&pool->mu);
+        batch_run_chunk(v, b, k, skip, &p->x->bounce);
+        pthread_mutex_lock(&pool->mu);
     }
-    while (b.done < b.nchunks)
-        pthread_cond_wait(&b.cv, &p->mu);
-    pthread_mutex_unlock(&p->mu);
-
-    pthread_cond_destroy(&b.cv);
-    ctx_put(v, x);
-    c->read_ops += b.ops;
-    c->read_bytes += b.bytes;
-    if (b.err) {
-        kd_set_error_text(b.errmsg);
-        return b.err;
+    while (b->done < b->nchunks)
+        pthread_cond_wait(&b->cv, &pool->mu);
+    pthread_mutex_unlock(&pool->mu);
+    pthread_cond_destroy(&b->cv);
+    p->c.read_ops += b->ops;
+    p->c.read_bytes += b->bytes;
+    if (b->err) {
+        kd_set_error_text(b->errmsg);
+        return b->err;
     }
     return 0;
 }
@@ -1078,72 +1100,111 @@ static int zero_copy_ok(const struct kd_vecio *v, const void *dst, size_t dst_st
            v->stride % a == 0 && v->offset % a == 0;
 }
 
-int kd_vecio_read(struct kd_vecio *v, const uint64_t *rows, size_t n,
-                  void *dst, size_t dst_stride, struct kd_io_counters *c)
+int kd_vecio_submit(struct kd_vecio *v, const uint64_t *rows, size_t n, void *dst,
+                    size_t dst_stride, struct kd_vecio_pending **out)
 {
-    struct kd_io_counters local = { 0, 0, 0 };
-    uint64_t t0 = kd_now_ns();
-    int rc = 0;
-
+    *out = NULL;
+    if (!v || (n && (!rows || !dst)))
+        return kd_fail(-EINVAL, "kd_vecio_submit: NULL argument");
+    if (dst_stride < v->record_bytes)
+        return kd_fail(-EINVAL, "destination stride %zu is smaller than the record size %u of %s",
+                       dst_stride, v->record_bytes, v->path);
+    for (size_t i = 0; i < n; i++)
+        if (rows[i] >= v->count)
+            return kd_fail(-EINVAL,
+                           "row %llu (batch position %zu) is out of range: %s holds %llu records",
+                           (unsigned long long)rows[i], i, v->path,
+                           (unsigned long long)v->count);
+    struct kd_vecio_pending *p = calloc(1, sizeof *p);
+    if (!p)
+        return kd_fail(-ENOMEM, "out of memory for a read batch on %s", v->path);
+    p->v = v;
+    p->rows = rows;
+    p->n = n;
+    p->dst = dst;
+    p->dst_stride = dst_stride;
+    p->how = PENDING_DONE;
+    *out = p;
     if (n == 0)
-        goto out;
-    if (!v || !rows || !dst) {
-        rc = kd_fail(-EINVAL, "kd_vecio_read: NULL argument");
-        goto out;
-    }
-    if (dst_stride < v->record_bytes) {
-        rc = kd_fail(-EINVAL, "destination stride %zu is smaller than the record size %u of %s",
-                     dst_stride, v->record_bytes, v->path);
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (rows[i] >= v->count) {
-            rc = kd_fail(-EINVAL,
-                         "row %llu (batch position %zu) is out of range: %s holds %llu records",
-                         (unsigned long long)rows[i], i, v->path, (unsigned long long)v->count);
-            goto out;
-        }
-    }
-
+        return 0;
     if (v->backend == KD_IO_MMAP) {
         for (size_t i = 0; i < n; i++)
             memcpy((char *)dst + i * dst_stride,
                    v->map + (v->offset - v->map_off) + rows[i] * v->stride, v->record_bytes);
-        local.read_ops = n;
-        local.read_bytes = (uint64_t)n * v->record_bytes;
-        goto out;
+        p->c.read_ops = n;
+        p->c.read_bytes = (uint64_t)n * v->record_bytes;
+        return 0;
     }
-
-    int zc = v->direct && zero_copy_ok(v, dst, dst_stride);
+    p->zc = v->direct && zero_copy_ok(v, dst, dst_stride);
+    int rc = ctx_get(v, &p->x);
+    if (rc < 0)
+        goto fail;
     if (v->backend == KD_IO_THREADS) {
-        rc = pool_read(v, rows, n, dst, dst_stride, zc, &local);
-        goto out;
+        if ((rc = pool_submit(v, p)) < 0)
+            goto fail;
+        p->how = PENDING_POOL;
+        return 0;
     }
-
-    struct kd_ctx *x = NULL;
-    if ((rc = ctx_get(v, &x)) < 0)
-        goto out;
 #ifdef KD_HAVE_LIBURING
     if (v->backend == KD_IO_URING) {
-        if (!zc && v->direct)
-            rc = ctx_bounce(v, x, (size_t)v->inflight * v->max_span);
-        int broken = 0;
-        if (rc == 0)
-            rc = uring_read(v, x, rows, n, dst, dst_stride, zc, &local, &broken);
-        if (broken)
-            ctx_destroy(x);
-        else
-            ctx_put(v, x);
-        goto out;
+        if (!p->zc && v->direct &&
+            (rc = ctx_bounce(v, p->x, (size_t)v->inflight * v->max_span)) < 0)
+            goto fail;
+        uring_start(v, p);
+        p->how = PENDING_URING;
+        return 0;
     }
 #endif
-    if (!zc && v->direct)
-        rc = ctx_bounce(v, x, v->max_span);
-    if (rc == 0)
-        rc = read_rows_sync(v, rows, n, dst, dst_stride, zc, x->bounce, &local);
-    ctx_put(v, x);
+    /* pread: the baseline reads synchronously, one record at a time. */
+    if (!p->zc && v->direct && (rc = ctx_bounce(v, p->x, v->max_span)) < 0)
+        goto fail;
+    p->err = read_rows_sync(v, rows, n, dst, dst_stride, p->zc, p->x->bounce, &p->c);
+    return 0;
+fail:
+    if (p->x)
+        ctx_put(v, p->x);
+    free(p);
+    *out = NULL;
+    return rc;
+}
 
-out:
+int kd_vecio_complete(struct kd_vecio_pending *p, struct kd_io_counters *c)
+{
+    if (!p)
+        return 0;
+    struct kd_vecio *v = p->v;
+    uint64_t t0 = kd_now_ns();
+    int rc = p->err, broken = 0;
+    if (p->how == PENDING_POOL)
+        rc = pool_finish(v, p);
+#ifdef KD_HAVE_LIBURING
+    else if (p->how == PENDING_URING)
+        rc = uring_finish(v, p, &broken);
+#endif
+    if (p->x) {
+        if (broken)
+            ctx_destroy(p->x);
+        else
+            ctx_put(v, p->x);
+    }
+    if (c) {
+        c->read_ops += p->c.read_ops;
+        c->read_bytes += p->c.read_bytes;
+        c->wait_ns += kd_now_ns() - t0;
+    }
+    free(p);
+    return rc;
+}
+
+int kd_vecio_read(struct kd_vecio *v, const uint64_t *rows, size_t n,
+                  void *dst, size_t dst_stride, struct kd_io_counters *c)
+{
+    uint64_t t0 = kd_now_ns();
+    struct kd_io_counters local = { 0, 0, 0 };
+    struct kd_vecio_pending *p;
+    int rc = kd_vecio_submit(v, rows, n, dst, dst_stride, &p);
+    if (rc == 0)
+        rc = kd_vecio_complete(p, &local);
     local.wait_ns = kd_now_ns() - t0;
     if (c)
         *c = local;

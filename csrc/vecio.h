@@ -72,6 +72,16 @@ uint32_t kd_vecio_buffer_alignment(const struct kd_vecio *v);
 int kd_vecio_read(struct kd_vecio *v, const uint64_t *rows, size_t n,
                   void *dst, size_t dst_stride, struct kd_io_counters *c);
 
+/* The same read in two halves, so the caller can work while it is in flight:
+ * submit puts the reads in flight (the pread baseline completes them right
+ * away), complete waits for them and frees the handle. Every submit must be
+ * completed; rows and dst must stay valid until then. Counters are added to
+ * c, wait_ns being the time spent waiting in complete. */
+struct kd_vecio_pending;
+int kd_vecio_submit(struct kd_vecio *v, const uint64_t *rows, size_t n, void *dst,
+                    size_t dst_stride, struct kd_vecio_pending **out);
+int kd_vecio_complete(struct kd_vecio_pending *p, struct kd_io_counters *c);
+
 /* Read the contiguous records [first, first+n) into dst laid out with the
  * file's stride (dst must hold n*stride bytes), in large sequential reads. */
 int kd_vecio_read_range(struct kd_vecio *v, uint64_t first, uint64_t n,
