@@ -81,7 +81,7 @@ def test_sdist_carries_c_sources_tests_and_notebook(tmp_path):
         pytest.skip("the 'build' package is not installed")
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("*.so", "*.o", "__pycache__", "*.egg-info", "build",
-                                    "dist", ".pytest_cache", "data", "results")
+                                    "dist", ".pytest_cache", "results")
     for name in ("csrc", "python", "tests", "examples"):
         if os.path.isdir(os.path.join(ROOT, name)):
             shutil.copytree(os.path.join(ROOT, name), src / name, ignore=ignore)
@@ -100,6 +100,10 @@ def test_sdist_carries_c_sources_tests_and_notebook(tmp_path):
                  for d, _, fs in os.walk(os.path.join(ROOT, "csrc")) for f in fs
                  if f.endswith((".c", ".h"))}
     assert c_sources and c_sources <= names, sorted(c_sources - names)
+    data_dir = os.path.join(ROOT, "tests", "data")
+    data = {"tests/data/" + f for f in (os.listdir(data_dir) if os.path.isdir(data_dir) else ())
+            if f.endswith((".kdx", ".npz"))}
+    assert data <= names, sorted(data - names)
     for name in ("setup.py", "pyproject.toml", "README.md", "tests/conftest.py",
                  "python/knndirect/py.typed", "python/knndirect/_index.pyi",
                  "examples/quickstart.ipynb"):
