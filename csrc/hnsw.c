@@ -391,11 +391,16 @@ static size_t select_diverse(const struct kd_build_oracle *o, const struct kd_he
                              size_t n, size_t cap, uint32_t *out)
 {
     size_t kept = 0;
+    float d[4];
     for (size_t i = 0; i < n && kept < cap; i++) {
         int good = 1;
-        for (size_t j = 0; j < kept && good; j++)
-            if (o->pair(o->ctx, c[i].row, out[j]) < c[i].dist)
-                good = 0;
+        /* Four kept neighbours per pass, stopping at the first that is closer. */
+        for (size_t j = 0; j < kept && good; j += 4) {
+            size_t m = kept - j < 4 ? kept - j : 4;
+            o->from(o->ctx, c[i].row, out + j, m, d);
+            for (size_t t = 0; t < m; t++)
+                good &= d[t] >= c[i].dist;
+        }
         if (good)
             out[kept++] = c[i].row;
     }

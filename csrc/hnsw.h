@@ -82,10 +82,8 @@ int kd_graph_level_for(uint64_t seed, uint64_t row, uint32_t m);
 /* Give nodes [first, last) their levels and empty lists. */
 int kd_graph_prepare(struct kd_graph *g, uint64_t first, uint64_t last, uint64_t seed);
 
-/* Pairwise exact distance between stored nodes, and batch distance from a
- * stored node to others: what insertion needs. */
+/* Exact distances from a stored node to others: what insertion needs. */
 struct kd_build_oracle {
-    float (*pair)(void *ctx, uint32_t a, uint32_t b);
     void (*from)(void *ctx, uint32_t a, const uint32_t *rows, size_t n, float *out);
     void *ctx;
 };

@@ -95,8 +95,16 @@ double kd_default_oversample(int quantization, uint32_t dim)
         return 2.0;
     if (quantization == KD_Q_4BIT)
         return 5.0;
-    /* 1-bit estimates are noisier in few dims (fewer bits per vector). */
-    return dim <= 256 ? 10.0 : 5.0;
+    /* 1-bit estimates carry one bit per dimension: the fewer dimensions, the
+     * noisier the ranking and the deeper the shortlist must go. Measured on
+     * 100k clustered vectors with ef 64: recall@10 0.975 at d=128 with 20,
+     * 0.968 at d=384 with 10. */
+    uint32_t pdim = kd_quant_padded_dim(dim);
+    if (pdim <= 128)
+        return 20.0;
+    if (pdim <= 512)
+        return 10.0;
+    return 5.0;
 }
 
 static int valid_quantization(uint32_t q)
@@ -729,7 +737,7 @@ int kd_index_train(struct kd_index *ix, const float *x, size_t n)
     }
     pthread_rwlock_wrlock(&ix->lock);
     if (ix->count == 0 && !ix->on_disk) {
-        err = kd_quant_train(&ix->quant, sample, m, ix->p.seed);
+        err = kd_quant_train(&ix->quant, sample, m, ix->p.seed, kd_cpu_count());
         ix->trained = !err;
     }
     pthread_rwlock_unlock(&ix->lock);
@@ -817,9 +825,30 @@ static float oracle_pair(void *p, uint32_t a, uint32_t b)
     }
 }
 
+/* Distances from node a to rows, four rows per pass over a's vector. */
 static void oracle_from(void *p, uint32_t a, const uint32_t *rows, size_t n, float *out)
 {
-    for (size_t i = 0; i < n; i++)
+    const struct kd_index *ix = p;
+    uint32_t d = ix->p.dim;
+    const float *va = ix->vectors + (size_t)a * d;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float *q[4];
+        float r[4], xx;
+        for (int j = 0; j < 4; j++)
+            q[j] = ix->vectors + (size_t)rows[i + j] * d;
+        if (ix->p.metric == KD_L2) {
+            ix->kern->l2sq4(q, va, d, r);
+            memcpy(out + i, r, sizeof r);
+            continue;
+        }
+        ix->kern->dot4(q, va, d, r, &xx);
+        for (int j = 0; j < 4; j++)
+            out[i + j] = ix->p.metric == KD_IP
+                             ? -r[j]
+                             : -r[j] * ix->inv_norms[a] * ix->inv_norms[rows[i + j]];
+    }
+    for (; i < n; i++)
         out[i] = oracle_pair(p, a, rows[i]);
 }
 
@@ -860,7 +889,7 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
     kd_run_workers(encode_worker, &job, resolve_threads(threads));
     if ((err = kd_graph_prepare(&ix->graph, first, last, ix->p.seed)))
         goto out;
-    struct kd_build_oracle o = {oracle_pair, oracle_from, ix};
+    struct kd_build_oracle o = {oracle_from, ix};
     err = kd_graph_insert_range(&ix->graph, first, last, ix->p.ef_construction, &o,
                                 resolve_threads(threads));
     if (err) {
@@ -879,6 +908,14 @@ out:
         kd_idmap_del(&ix->idmap, ix->ids[first + i]);
     pthread_rwlock_unlock(&ix->lock);
     return err;
+}
+
+void kd_index_contains(struct kd_index *ix, const int64_t *ids, size_t n, uint8_t *out)
+{
+    pthread_rwlock_rdlock(&ix->lock);
+    for (size_t i = 0; i < n; i++)
+        out[i] = kd_idmap_get(&ix->idmap, ids[i]) != KD_NO_ROW;
+    pthread_rwlock_unlock(&ix->lock);
 }
 
 int kd_index_remove(struct kd_index *ix, const int64_t *ids, size_t n)

@@ -79,6 +79,8 @@ int kd_index_train(struct kd_index *ix, const float *x, size_t n);
 /* Add n vectors; ids NULL means slot numbers. All or nothing. */
 int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *ids,
                  unsigned threads);
+/* out[i] = 1 when ids[i] is a live id of the index. */
+void kd_index_contains(struct kd_index *ix, const int64_t *ids, size_t n, uint8_t *out);
 /* Tombstone ids; all must exist (else -ESRCH and nothing changes). */
 int kd_index_remove(struct kd_index *ix, const int64_t *ids, size_t n);
 

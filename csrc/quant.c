@@ -96,18 +96,109 @@ int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t dim, int metric,
     return 0;
 }
 
+static void train_ranges(struct kd_quant *q, const float *x, size_t n);
+
+/* argmin |x - c|^2 = argmin |c|^2 - 2<x, c>, four centres per pass over x. */
 static uint32_t nearest_centre(const struct kd_quant *q, const float *x)
 {
-    uint32_t best = 0;
-    float bd = INFINITY;
-    for (uint32_t j = 0; j < q->ncentres; j++) {
-        float d = kd_kernels()->l2sq(x, q->centres + (size_t)j * q->dim, q->dim);
-        if (d < bd) {
-            bd = d;
+    const struct kd_kernels *k = kd_kernels();
+    uint32_t best = 0, C = q->ncentres, j = 0;
+    float bd = INFINITY, r[4], xx;
+    for (; j + 4 <= C; j += 4) {
+        const float *c[4];
+        for (int t = 0; t < 4; t++)
+            c[t] = q->centres + (size_t)(j + t) * q->dim;
+        k->dot4(c, x, q->dim, r, &xx);
+        for (uint32_t t = 0; t < 4; t++) {
+            float dist = q->centres_sq[j + t] - 2 * r[t];
+            if (dist < bd) {
+                bd = dist;
+                best = j + t;
+            }
+        }
+    }
+    for (; j < C; j++) {
+        float dist = q->centres_sq[j] - 2 * k->dot(x, q->centres + (size_t)j * q->dim, q->dim);
+        if (dist < bd) {
+            bd = dist;
             best = j;
         }
     }
     return best;
+}
+
+/* Assignment step of k-means, split over threads. */
+struct assign_job {
+    const struct kd_quant *q;
+    const float *x;
+    size_t n, step;
+    uint32_t *label;
+    unsigned threads, next;
+};
+
+static void *assign_worker(void *arg)
+{
+    struct assign_job *a = arg;
+    unsigned me = __atomic_fetch_add(&a->next, 1, __ATOMIC_RELAXED);
+    size_t lo = a->n * me / a->threads, hi = a->n * (me + 1) / a->threads;
+    for (size_t i = lo; i < hi; i++)
+        a->label[i] = nearest_centre(a->q, a->x + i * a->step * a->q->dim);
+    return NULL;
+}
+
+int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed, unsigned threads)
+{
+    if (n == 0)
+        return 0;
+    if (q->bits != 1) {
+        train_ranges(q, x, n);
+        return 0;
+    }
+    uint32_t d = q->dim;
+    uint32_t C = (uint32_t)(n / 64);
+    C = C < 1 ? 1 : (C > KD_MAX_CENTRES ? KD_MAX_CENTRES : C);
+    size_t sample = n < (size_t)C * 64 ? n : (size_t)C * 64;
+    size_t step = n / sample;
+    double *sum = calloc((size_t)C * d, sizeof(double));
+    size_t *members = calloc(C, sizeof(size_t));
+    uint32_t *label = malloc(sample * sizeof *label);
+    int err = alloc_centres(q, C);
+    if (!err && (!sum || !members || !label))
+        err = kd_fail(-ENOMEM, "out of memory training the quantizer");
+    if (err)
+        goto out;
+    uint64_t s = seed ^ 0x63656e7472657321ull;
+    for (uint32_t j = 0; j < C; j++)
+        memcpy(q->centres + (size_t)j * d, x + (size_t)(splitmix64(&s) % n) * d, d * sizeof(float));
+    for (int iter = 0; iter < 8; iter++) {
+        derive(q);   /* centres_sq for the assignment */
+        struct assign_job job = {q, x, sample, step, label, threads ? threads : 1, 0};
+        kd_run_workers(assign_worker, &job, job.threads);
+        memset(sum, 0, (size_t)C * d * sizeof(double));
+        memset(members, 0, C * sizeof(size_t));
+        for (size_t i = 0; i < sample; i++) {
+            const float *v = x + i * step * d;
+            members[label[i]]++;
+            for (uint32_t t = 0; t < d; t++)
+                sum[(size_t)label[i] * d + t] += v[t];
+        }
+        for (uint32_t j = 0; j < C; j++) {
+            float *c = q->centres + (size_t)j * d;
+            if (members[j] == 0) {
+                /* Re-seed an empty cluster on a random point. */
+                memcpy(c, x + (size_t)(splitmix64(&s) % n) * d, d * sizeof(float));
+                continue;
+            }
+            for (uint32_t t = 0; t < d; t++)
+                c[t] = (float)(sum[(size_t)j * d + t] / (double)members[j]);
+        }
+    }
+    derive(q);
+out:
+    free(sum);
+    free(members);
+    free(label);
+    return err;
 }
 
 void kd_quant_set_ranges(struct kd_quant *q, const float *lo, const float *step)
@@ -133,56 +224,6 @@ static void train_ranges(struct kd_quant *q, const float *x, size_t n)
     }
 }
 
-int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed)
-{
-    if (n == 0)
-        return 0;
-    if (q->bits != 1) {
-        train_ranges(q, x, n);
-        return 0;
-    }
-    uint32_t d = q->dim;
-    uint32_t C = (uint32_t)(n / 64);
-    C = C < 1 ? 1 : (C > KD_MAX_CENTRES ? KD_MAX_CENTRES : C);
-    size_t sample = n < (size_t)C * 64 ? n : (size_t)C * 64;
-    size_t step = n / sample;
-    double *sum = calloc((size_t)C * d, sizeof(double));
-    size_t *members = calloc(C, sizeof(size_t));
-    int err = alloc_centres(q, C);
-    if (!err && (!sum || !members))
-        err = kd_fail(-ENOMEM, "out of memory training the quantizer");
-    if (err)
-        goto out;
-    uint64_t s = seed ^ 0x63656e7472657321ull;
-    for (uint32_t j = 0; j < C; j++)
-        memcpy(q->centres + (size_t)j * d, x + (size_t)(splitmix64(&s) % n) * d, d * sizeof(float));
-    for (int iter = 0; iter < 12; iter++) {
-        memset(sum, 0, (size_t)C * d * sizeof(double));
-        memset(members, 0, C * sizeof(size_t));
-        for (size_t i = 0; i < sample; i++) {
-            const float *v = x + i * step * d;
-            uint32_t j = nearest_centre(q, v);
-            members[j]++;
-            for (uint32_t t = 0; t < d; t++)
-                sum[(size_t)j * d + t] += v[t];
-        }
-        for (uint32_t j = 0; j < C; j++) {
-            float *c = q->centres + (size_t)j * d;
-            if (members[j] == 0) {
-                /* Re-seed an empty cluster on a random point. */
-                memcpy(c, x + (size_t)(splitmix64(&s) % n) * d, d * sizeof(float));
-                continue;
-            }
-            for (uint32_t t = 0; t < d; t++)
-                c[t] = (float)(sum[(size_t)j * d + t] / (double)members[j]);
-        }
-    }
-    derive(q);
-out:
-    free(sum);
-    free(members);
-    return err;
-}
 
 void kd_quant_free(struct kd_quant *q)
 {

@@ -83,7 +83,7 @@ int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t dim, int metric,
 /* Scalar-code ranges (dim floats each), when restoring a saved quantizer. */
 void kd_quant_set_ranges(struct kd_quant *q, const float *lo, const float *step);
 /* Fit the centres by k-means to x (n rows, already normalized for cosine). */
-int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed);
+int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed, unsigned threads);
 void kd_quant_free(struct kd_quant *q);
 size_t kd_quant_signs_bytes(const struct kd_quant *q);
 

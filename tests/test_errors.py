@@ -296,3 +296,37 @@ def test_save_closed_index_raises(idx, tmp_path):
     with pytest.raises(ValueError, match="closed"):
         index.save(tmp_path / "x.kdx")
     assert not (tmp_path / "x.kdx").exists()
+
+
+def test_chunked_add_is_all_or_nothing():
+    """A duplicate of an existing id, or a NaN, anywhere in a large (chunked)
+    add is found before anything is added."""
+    import knndirect._index as ki
+    base = np.random.default_rng(7).standard_normal((3 * ki.PROGRESS_CHUNK, 8)).astype(np.float32)
+    index = kd.Index(8)
+    index.add(base[:10], ids=np.arange(10))
+    ids = np.arange(100, 100 + len(base))
+    ids[-1] = 5                       # already present, in the last chunk
+    with pytest.raises(ValueError, match="duplicate id 5"):
+        index.add(base, ids=ids, progress=lambda done, total: True)
+    assert len(index) == 10
+    bad = base.copy()
+    bad[-1, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        index.add(bad, ids=np.arange(100, 100 + len(base)), progress=lambda d, t: True)
+    assert len(index) == 10
+    index.add(base, ids=np.arange(100, 100 + len(base)), progress=lambda d, t: True)
+    assert len(index) == 10 + len(base)
+
+
+def test_memory_mapped_input_added_in_chunks(tmp_path):
+    import knndirect._index as ki
+    x = np.random.default_rng(8).standard_normal((ki.ADD_CHUNK + 500, 8)).astype(np.float64)
+    path = tmp_path / "x.npy"
+    np.save(path, x)
+    mm = np.load(path, mmap_mode="r")
+    index = kd.Index(8)
+    index.add(mm)
+    assert len(index) == len(x)
+    got = index.get_vectors([0, len(x) - 1])
+    np.testing.assert_array_equal(got, x[[0, -1]].astype(np.float32))

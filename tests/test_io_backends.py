@@ -193,7 +193,7 @@ def test_forced_direct_io_refusal_falls_back(saved, monkeypatch, backend):
     try:
         info = idx.info()
         assert info["direct_io"] is False
-        assert info["fallbacks"] == ["no_direct_io"]
+        assert "no_direct_io" in info["fallbacks"]
         _check_results(idx, saved)
     finally:
         idx.close()

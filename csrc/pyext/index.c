@@ -218,6 +218,30 @@ static PyObject *Index_remove(KdIndexObject *self, PyObject *arg)
     return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
 }
 
+static PyObject *Index_contains(KdIndexObject *self, PyObject *arg)
+{
+    struct kd_index *ix = enter(self);
+    if (!ix)
+        return NULL;
+    Py_buffer iv;
+    const int64_t *ids;
+    size_t n;
+    if (take_ids(arg, &iv, &ids, &n)) {
+        leave(self);
+        return NULL;
+    }
+    npy_intp dim = (npy_intp)n;
+    PyObject *out = PyArray_SimpleNew(1, &dim, NPY_BOOL);
+    if (out) {
+        Py_BEGIN_ALLOW_THREADS
+        kd_index_contains(ix, ids, n, PyArray_DATA((PyArrayObject *)out));
+        Py_END_ALLOW_THREADS
+    }
+    release(&iv);
+    leave(self);
+    return out;
+}
+
 static PyObject *Index_search(KdIndexObject *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"queries", "k", "ef", "oversample", "rerank", "exact",
@@ -495,6 +519,7 @@ static PyMethodDef Index_methods[] = {
     {"train", (PyCFunction)Index_train, METH_O, "Fit the quantizer's centre to a sample."},
     {"add", (PyCFunction)Index_add, METH_VARARGS, "add(x, ids, threads=0)"},
     {"remove", (PyCFunction)Index_remove, METH_O, "remove(ids)"},
+    {"contains", (PyCFunction)Index_contains, METH_O, "contains(ids) -> bool array"},
     {"search", (PyCFunction)(void (*)(void))Index_search, METH_VARARGS | METH_KEYWORDS,
      "search(queries, k, ef=0, oversample=0, rerank=True, exact=False, threads=0, filter=None)"},
     {"get_vectors", (PyCFunction)Index_get_vectors, METH_O, "get_vectors(ids)"},

@@ -37,6 +37,8 @@ FALLBACK_WARNINGS = {
 # reported and Ctrl-C lands between chunks.
 ADD_CHUNK = 20000
 PROGRESS_CHUNK = 1000
+# Rows the quantizer is fitted on when an add is fed in chunks.
+TRAIN_SAMPLE = 16384
 
 
 def features() -> dict:
@@ -66,7 +68,14 @@ def _positive_int(value, name, allow_none=True):
     return v
 
 
-def _as_matrix(x, dim, what):
+def _float32(a):
+    """C-contiguous float32, without a copy when it already is."""
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _as_matrix(x, dim, what, convert=True):
+    """Check an (n, dim) numeric matrix; convert it unless asked not to (a
+    memory-mapped input is then converted chunk by chunk by the caller)."""
     a = np.asarray(x)
     if a.dtype.kind not in "fiu" and a.dtype != np.bool_:
         raise TypeError(f"{what} must be a numeric array, got dtype {a.dtype}")
@@ -74,7 +83,7 @@ def _as_matrix(x, dim, what):
         raise ValueError(f"{what} must be a 2-d array of shape (n, {dim}), got shape {a.shape}")
     if a.shape[1] != dim:
         raise ValueError(f"{what} have dim {a.shape[1]}, but the index has dim {dim}")
-    return np.ascontiguousarray(a, dtype=np.float32)
+    return _float32(a) if convert else a
 
 
 def _as_ids(ids, what="ids"):
@@ -206,7 +215,7 @@ class Index:
         chunks and leaves the index usable, holding the chunks already added.
         An index from ``open`` is read-only for add.
         """
-        x = _as_matrix(vectors, self._dim, "vectors")
+        x = _as_matrix(vectors, self._dim, "vectors", convert=False)
         n = x.shape[0]
         id_arr = None
         if ids is not None:
@@ -221,22 +230,33 @@ class Index:
         nthreads = _positive_int(threads, "threads")
         report, close = _progress_callback(progress, n)
         if report is None and n <= ADD_CHUNK:
-            self._core.add(x, id_arr, nthreads)
+            self._core.add(_float32(x), id_arr, nthreads)
             return
+        # In chunks: check everything first, so that a bad row or id adds
+        # nothing; convert chunk by chunk, so a memory-mapped input is never
+        # copied whole.
+        chunk = max(PROGRESS_CHUNK if report else ADD_CHUNK, n // 100)
         if id_arr is None:
             id_arr = np.arange(n, dtype=np.int64)
-        if not np.isfinite(x).all():
-            bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
-            raise ValueError(f"vector row {bad} contains NaN or Inf")
-        if np.unique(id_arr).shape[0] != n:
-            raise ValueError("ids contain a duplicate id")
-        if len(self._core) == 0:
-            self._core.train(x)
-        chunk = max(PROGRESS_CHUNK if report else ADD_CHUNK, n // 100)
+        for start in range(0, n, chunk):
+            part = x[start:start + chunk]
+            finite = np.isfinite(part).all(axis=1)
+            if not finite.all():
+                bad = start + int(np.flatnonzero(~finite)[0])
+                raise ValueError(f"vector row {bad} contains NaN or Inf")
+        uniq, counts = np.unique(id_arr, return_counts=True)
+        if uniq.shape[0] != n:
+            raise ValueError(f"duplicate id {int(uniq[counts > 1][0])} in ids")
+        present = self._core.contains(id_arr)
+        if present.any():
+            raise ValueError(f"duplicate id {int(id_arr[present][0])}: already in the index")
+        if len(self._core) == 0 and self._core.info()["slots"] == 0:
+            sample = np.unique(np.linspace(0, n - 1, min(n, TRAIN_SAMPLE)).astype(np.int64))
+            self._core.train(_float32(x[sample]))
         try:
             for start in range(0, n, chunk):
                 end = min(n, start + chunk)
-                self._core.add(x[start:end], id_arr[start:end], nthreads)
+                self._core.add(_float32(x[start:end]), id_arr[start:end], nthreads)
                 if report is not None and report(end, n) is False:
                     break
         finally:
