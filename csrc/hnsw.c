@@ -149,6 +149,11 @@ static uint32_t read_list(const struct kd_graph *g, uint32_t node, int level, ui
 /* ---- search */
 
 /* Beam search on one level from the entries in s->res[0..nentry). */
+static inline int accepted(const struct kd_accept *a, uint32_t row)
+{
+    return !a || ((!a->deleted || !a->deleted[row]) && (!a->allowed || a->allowed[row]));
+}
+
 /* Offer an item to a bounded max-heap of the `cap` smallest. */
 static inline void keep_best(struct kd_heap_item *h, size_t *n, size_t cap,
                              struct kd_heap_item it)
@@ -171,7 +176,7 @@ static void heap_sort_ascending(struct kd_heap_item *h, size_t n)
 
 static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s, int level,
                            size_t ef, size_t nentry, kd_batch_dist_fn dist, void *dctx,
-                           kd_accept_fn accept, const void *actx, int locked, size_t keep,
+                           const struct kd_accept *accept, int locked, size_t keep,
                            kd_prefetch_fn prefetch)
 {
     struct kd_visited *v = &s->visited;
@@ -186,7 +191,7 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
     for (size_t i = 0; i < ne; i++) {
         v->tags[tmp[i].row] = v->now;
         heap_push(s->cand, &ncand, tmp[i], 0);
-        if (!accept || accept(actx, tmp[i].row)) {
+        if (accepted(accept, tmp[i].row)) {
             heap_push(s->res, &nres, tmp[i], 1);
             if (keep)
                 keep_best(s->pool, &npool, keep, tmp[i]);
@@ -214,14 +219,14 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
         for (uint32_t i = 0; i < m; i++) {
             struct kd_heap_item it = {s->dists[i], s->rows[i]};
             int ok = -1;
-            if (keep && (ok = !accept || accept(actx, it.row)))
+            if (keep && (ok = accepted(accept, it.row)))
                 keep_best(s->pool, &npool, keep, it);
             if (nres < ef || it.dist < s->res[0].dist) {
                 if (cand_grow(s, ncand + 1))
                     return 0;
                 heap_push(s->cand, &ncand, it, 0);
                 if (ok < 0)
-                    ok = !accept || accept(actx, it.row);
+                    ok = accepted(accept, it.row);
                 if (ok) {
                     heap_push(s->res, &nres, it, 1);
                     if (nres > ef)
@@ -267,7 +272,7 @@ static void descend(const struct kd_graph *g, struct kd_search_scratch *s, uint3
 
 size_t kd_graph_search(const struct kd_graph *g, struct kd_search_scratch *s, size_t ef,
                        size_t keep, kd_batch_dist_fn dist, kd_prefetch_fn prefetch, void *dctx,
-                       kd_accept_fn accept, const void *actx)
+                       const struct kd_accept *accept)
 {
     if (g->entry == KD_NONE)
         return 0;
@@ -279,7 +284,7 @@ size_t kd_graph_search(const struct kd_graph *g, struct kd_search_scratch *s, si
         s->pool_cap = keep;
     }
     descend(g, s, g->entry, g->max_level, 0, dist, dctx, 0);
-    return search_layer(g, s, 0, ef, 1, dist, dctx, accept, actx, 0, keep, prefetch);
+    return search_layer(g, s, 0, ef, 1, dist, dctx, accept, 0, keep, prefetch);
 }
 
 /* ---- structure */
@@ -486,7 +491,7 @@ static int insert_one(struct kd_graph *g, const struct kd_build_oracle *o, uint3
     size_t nentry = 1;
     uint32_t *chosen = rows + g->m0 + 2;
     for (int lc = level < top ? level : top; lc >= 0; lc--) {
-        size_t nres = search_layer(g, s, lc, ef, nentry, dist_from_node, &f, NULL, NULL, 1, 0,
+        size_t nres = search_layer(g, s, lc, ef, nentry, dist_from_node, &f, NULL, 1, 0,
                                    NULL);
         if (!nres) {
             if (hold)

@@ -63,8 +63,12 @@ struct kd_search_scratch {
 int kd_scratch_reserve(struct kd_search_scratch *s, uint64_t nodes, size_t ef, uint32_t m0);
 void kd_scratch_free(struct kd_search_scratch *s);
 
-/* Accept a node into results (live, allowed by a filter); NULL accepts all. */
-typedef int (*kd_accept_fn)(const void *ctx, uint32_t row);
+/* Which nodes may be results: not tombstoned, and allowed by a filter.
+ * Either array may be NULL (no constraint); other nodes are still walked. */
+struct kd_accept {
+    const uint8_t *deleted;
+    const uint8_t *allowed;
+};
 
 /* Greedy descent from the entry to level 1, then a beam of width ef on level
  * 0. Results, ascending by distance, are left at s->out; returns how many.
@@ -72,7 +76,7 @@ typedef int (*kd_accept_fn)(const void *ctx, uint32_t row);
  * only of the beam: a deep shortlist then costs no wider a beam. */
 size_t kd_graph_search(const struct kd_graph *g, struct kd_search_scratch *s, size_t ef,
                        size_t keep, kd_batch_dist_fn dist, kd_prefetch_fn prefetch, void *dctx,
-                       kd_accept_fn accept, const void *actx);
+                       const struct kd_accept *accept);
 
 int kd_graph_init(struct kd_graph *g, uint32_t m);
 void kd_graph_free(struct kd_graph *g);

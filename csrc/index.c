@@ -278,17 +278,6 @@ struct filter_set {
     size_t nrows;
 };
 
-struct accept_ctx {
-    const struct kd_index *ix;
-    const uint8_t *allowed;
-};
-
-static int accept_live(const void *p, uint32_t row)
-{
-    const struct accept_ctx *a = p;
-    return !a->ix->deleted[row] && (!a->allowed || a->allowed[row]);
-}
-
 struct estimate_ctx {
     const struct kd_index *ix;
     const struct kd_qcode *qc;
@@ -387,9 +376,9 @@ static int query_begin(struct kd_index *ix, struct kd_ctx *c, const float *q,
         return err;
     kd_qcode_prepare(&ix->quant, c->q, &c->qc);
     struct estimate_ctx e = {ix, &c->qc};
-    struct accept_ctx a = {ix, f->allowed};
+    struct kd_accept a = {ix->deleted, f->allowed};
     size_t nres = kd_graph_search(&ix->graph, &c->s, ef, L, estimate_rows, prefetch_codes, &e,
-                                  accept_live, &a);
+                                  &a);
     const struct kd_heap_item *res = c->s.out;
     c->t_graph = kd_now_ns();
     c->st.graph_ns += c->t_graph - t0;
