@@ -253,6 +253,14 @@ static int probe_file(struct kd_vecio *v)
         align = device_block_size(v->fd, is_blk, maj, min);
     if (!is_pow2(align))
         align = 4096;
+    /* Test-only: behave as on a device with a coarser alignment (a multiple
+     * of the real one keeps every read valid). */
+    const char *force = getenv("KNNDIRECT_DIO_ALIGN");
+    if (force && *force) {
+        unsigned long f = strtoul(force, NULL, 10);
+        if (is_pow2(f) && f >= align && f <= 65536)
+            align = (uint32_t)f;
+    }
     v->alignment = align;
     return 0;
 }
@@ -351,6 +359,8 @@ static int req_pread(const struct kd_vecio *v, struct kd_req *r, struct kd_io_co
                 continue;
             return req_error(v, r, -errno);
         }
+        if ((got = (ssize_t)kd_fault(0, got)) < 0)   /* tests only */
+            return req_error(v, r, (int)got);
         int rc = req_advance(v, r, (uint32_t)got);
         if (rc < 0)
             return rc;
@@ -545,7 +555,7 @@ static int uring_finish(struct kd_vecio *v, struct kd_vecio_pending *p, int *bro
         io_uring_for_each_cqe(ring, head, cqe) {
             unsigned s = (unsigned)(uintptr_t)io_uring_cqe_get_data(cqe);
             struct kd_req *r = &x->slots[s];
-            int res = cqe->res, st;
+            int res = (int)kd_fault(0, cqe->res), st;
             seen++;
             if (p->err) {   /* draining after a failure: keep the first message */
                 x->free_slots[p->nfree++] = s;
@@ -1388,9 +1398,10 @@ static int stream_ring_wait(struct kd_vecio_stream *s, unsigned bi)
         struct kd_stream_buf *b = &s->buf[data & 0xff];
         uint64_t pos = (data >> 8) * KD_STREAM_PIECE, need = chunk_need(v, b->rows);
         uint64_t want = pos < need ? min_u64(KD_STREAM_PIECE, need - pos) : 0;
-        if (cqe->res < 0 && !b->err)
-            b->err = cqe->res;
-        else if (cqe->res >= 0 && (uint64_t)cqe->res < want && !b->err)
+        int res = (int)kd_fault(0, cqe->res);
+        if (res < 0 && !b->err)
+            b->err = res;
+        else if (res >= 0 && (uint64_t)res < want && !b->err)
             b->err = -EIO;   /* short read before the records' end */
         b->pending--;
         io_uring_cqe_seen(&s->ring, cqe);
