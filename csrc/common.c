@@ -75,3 +75,47 @@ void kd_run_workers(void *(*fn)(void *), void *arg, unsigned threads)
     for (unsigned i = 0; i < started; i++)
         pthread_join(t[i], NULL);
 }
+
+/* ---- test-only fault injection */
+
+int kd_fault_kind;
+static uint64_t fault_after, fault_seen, fault_fired;
+static int64_t fault_count;
+
+void kd_fault_arm(int kind, uint64_t after, int64_t count)
+{
+    __atomic_store_n(&kd_fault_kind, KD_FAULT_NONE, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&fault_after, after, __ATOMIC_RELAXED);
+    __atomic_store_n(&fault_count, count, __ATOMIC_RELAXED);
+    __atomic_store_n(&fault_seen, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&fault_fired, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&kd_fault_kind, kind, __ATOMIC_SEQ_CST);
+}
+
+uint64_t kd_fault_fired(void) { return __atomic_load_n(&fault_fired, __ATOMIC_SEQ_CST); }
+uint64_t kd_fault_seen(void) { return __atomic_load_n(&fault_seen, __ATOMIC_SEQ_CST); }
+
+int64_t kd_fault_apply(int write, int64_t res)
+{
+    int kind = __atomic_load_n(&kd_fault_kind, __ATOMIC_ACQUIRE);
+    if (kind == KD_FAULT_NONE || (kind >= KD_FAULT_WRITE_ENOSPC) != (write != 0))
+        return res;
+    uint64_t n = __atomic_fetch_add(&fault_seen, 1, __ATOMIC_RELAXED);
+    uint64_t after = __atomic_load_n(&fault_after, __ATOMIC_RELAXED);
+    int64_t count = __atomic_load_n(&fault_count, __ATOMIC_RELAXED);
+    if (n < after || (count >= 0 && n - after >= (uint64_t)count))
+        return res;
+    __atomic_fetch_add(&fault_fired, 1, __ATOMIC_RELAXED);
+    switch (kind) {
+    case KD_FAULT_READ_EIO:
+    case KD_FAULT_WRITE_EIO:
+        return -EIO;
+    case KD_FAULT_WRITE_ENOSPC:
+        return -ENOSPC;
+    case KD_FAULT_READ_SHORT:
+        return res > 1 ? res / 2 : res;
+    case KD_FAULT_READ_EOF:
+        return res >= 0 ? 0 : res;
+    }
+    return res;
+}

@@ -31,4 +31,33 @@ void kd_run_workers(void *(*fn)(void *), void *arg, unsigned threads);
 void *kd_alloc_aligned(size_t alignment, size_t size);
 void kd_free_aligned(void *p);
 
+/* Test-only fault injection (knndirect._core._inject_fault). kd_fault_kind
+ * stays 0 unless a test arms it, so an I/O path pays one relaxed load and a
+ * branch. Armed, the `after` matching operations pass, then `count` of them
+ * (all when count < 0) fail: reads of vector records (every backend but mmap)
+ * or writes of a save. */
+enum kd_fault_kind {
+    KD_FAULT_NONE = 0,
+    KD_FAULT_READ_EIO = 1,      /* the read fails with EIO */
+    KD_FAULT_READ_SHORT = 2,    /* the read returns half of what it got */
+    KD_FAULT_READ_EOF = 3,      /* the read returns 0 bytes: the file looks truncated */
+    KD_FAULT_WRITE_ENOSPC = 4,  /* the write fails with ENOSPC */
+    KD_FAULT_WRITE_EIO = 5,     /* the write fails with EIO */
+};
+extern int kd_fault_kind;
+void kd_fault_arm(int kind, uint64_t after, int64_t count);
+/* Faults injected, and matching operations seen, since the last arm. */
+uint64_t kd_fault_fired(void);
+uint64_t kd_fault_seen(void);
+/* The slow path: res is a byte count or a negative errno. */
+int64_t kd_fault_apply(int write, int64_t res);
+
+/* What a read (write = 0) or write (write = 1) that returned res becomes. */
+static inline int64_t kd_fault(int write, int64_t res)
+{
+    if (__builtin_expect(__atomic_load_n(&kd_fault_kind, __ATOMIC_RELAXED) != 0, 0))
+        return kd_fault_apply(write, res);
+    return res;
+}
+
 #endif

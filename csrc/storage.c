@@ -19,6 +19,10 @@ static int fd_write(void *ctx, const void *buf, size_t n)
     const char *p = buf;
     while (n > 0) {
         ssize_t r = write(w->fd, p, n > MAX_SYSCALL_BYTES ? MAX_SYSCALL_BYTES : n);
+        if (r >= 0 && (r = (ssize_t)kd_fault(1, r)) < 0) {   /* tests only */
+            errno = (int)-r;
+            r = -1;
+        }
         if (r < 0) {
             if (errno == EINTR)
                 continue;

@@ -140,6 +140,31 @@ static PyObject *mod_read_probe(PyObject *mod, PyObject *args)
     return PyFloat_FromDouble(secs);
 }
 
+/* Test hook: arm a fault in the I/O layer (see common.h). kind is one of
+ * "none", "eio", "short", "eof" (vector reads), "enospc", "write_eio" (writes
+ * of a save); after matching operations pass, then count fail (count < 0:
+ * all). Returns (faults injected, matching operations seen) under the
+ * previous arming. */
+static PyObject *mod_inject_fault(PyObject *mod, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"kind", "after", "count", NULL};
+    static const char *kinds[] = {"none", "eio", "short", "eof", "enospc", "write_eio"};
+    const char *kind;
+    unsigned long long after = 0;
+    long long count = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|KL", names, &kind, &after, &count))
+        return NULL;
+    int k = -1;
+    for (int i = 0; i < (int)(sizeof kinds / sizeof *kinds); i++)
+        if (strcmp(kind, kinds[i]) == 0)
+            k = i;
+    if (k < 0)
+        return PyErr_Format(PyExc_ValueError, "unknown fault kind %s", kind);
+    uint64_t fired = kd_fault_fired(), seen = kd_fault_seen();
+    kd_fault_arm(k, after, count);
+    return Py_BuildValue("(KK)", (unsigned long long)fired, (unsigned long long)seen);
+}
+
 static PyMethodDef mod_methods[] = {
     {"load_bytes", kd_mod_load_bytes, METH_O, "Load an index held in a bytes-like object."},
     {"load_path", kd_mod_load_path, METH_O, "Load an index file into memory."},
@@ -150,6 +175,8 @@ static PyMethodDef mod_methods[] = {
     {"features", mod_features, METH_NOARGS, "What this build and CPU offer."},
     {"_kernel", mod_kernel, METH_VARARGS, "Run one distance kernel variant (tests)."},
     {"_read_probe", mod_read_probe, METH_VARARGS, "Seconds to stream a float32 buffer."},
+    {"_inject_fault", (PyCFunction)(void (*)(void))mod_inject_fault, METH_VARARGS | METH_KEYWORDS,
+     "_inject_fault(kind, after=0, count=1): arm a test fault in the I/O layer."},
     {NULL},
 };
 
