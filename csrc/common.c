@@ -116,6 +116,12 @@ int64_t kd_fault_apply(int write, int64_t res)
         return res > 1 ? res / 2 : res;
     case KD_FAULT_READ_EOF:
         return res >= 0 ? 0 : res;
+    case KD_FAULT_WRITE_SLOW: {
+        struct timespec ts = {0, 100000000};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+        return res;
+    }
     }
     return res;
 }

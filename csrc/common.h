@@ -43,6 +43,7 @@ enum kd_fault_kind {
     KD_FAULT_READ_EOF = 3,      /* the read returns 0 bytes: the file looks truncated */
     KD_FAULT_WRITE_ENOSPC = 4,  /* the write fails with ENOSPC */
     KD_FAULT_WRITE_EIO = 5,     /* the write fails with EIO */
+    KD_FAULT_WRITE_SLOW = 6,    /* the write takes 100 ms longer: a slow disk */
 };
 extern int kd_fault_kind;
 void kd_fault_arm(int kind, uint64_t after, int64_t count);

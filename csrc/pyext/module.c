@@ -141,14 +141,15 @@ static PyObject *mod_read_probe(PyObject *mod, PyObject *args)
 }
 
 /* Test hook: arm a fault in the I/O layer (see common.h). kind is one of
- * "none", "eio", "short", "eof" (vector reads), "enospc", "write_eio" (writes
- * of a save); after matching operations pass, then count fail (count < 0:
- * all). Returns (faults injected, matching operations seen) under the
+ * "none", "eio", "short", "eof" (vector reads), "enospc", "write_eio",
+ * "slow_write" (writes of a save); after matching operations pass, then
+ * count fail (count < 0: all). Returns (faults injected, matching operations seen) under the
  * previous arming. */
 static PyObject *mod_inject_fault(PyObject *mod, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"kind", "after", "count", NULL};
-    static const char *kinds[] = {"none", "eio", "short", "eof", "enospc", "write_eio"};
+    static const char *kinds[] = {"none", "eio", "short", "eof", "enospc", "write_eio",
+                                  "slow_write"};
     const char *kind;
     unsigned long long after = 0;
     long long count = 1;
