@@ -88,6 +88,13 @@ def parse_args(argv=None):
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per worker process")
     ap.add_argument("--readme", action="store_true",
                     help="rewrite the README's benchmark block from the results in --out")
+    ap.add_argument("--readme-note", default=None,
+                    help="a paragraph put above the tables in the README block (say how "
+                         "the run departs from --all, or why its figures are provisional)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: re-render the .md/.png (and with --readme the README "
+                         "block) from the .json results already in --out for the datasets "
+                         "named by --dataset / --all")
     ap.add_argument("--machine-label", default=os.environ.get(
         "KNNDIRECT_BENCH_MACHINE", "2-core VM, shared with concurrent builds"))
     args = ap.parse_args(argv)
@@ -275,6 +282,19 @@ def main(argv=None):
         plan = [(name, systems, args.build_threads) for name in spec.split(",")]
     results = []
     all_build_threads = args.build_threads
+    if args.report_only:
+        for dataset, _, _ in plan:
+            name = Path(dataset).stem if os.path.exists(dataset) else dataset
+            p = Path(args.out) / f"{name}.json"
+            if not p.exists():
+                raise SystemExit(f"--report-only: no results at {p}")
+            r = json.loads(p.read_text())
+            for e in r["systems"].values():
+                if e.get("search"):
+                    report.summarize_system(e, r["config"]["threads"])
+            results.append(r)
+            report.write_all(finish(r), args.out)
+        plan = []
     for dataset, syst, build_threads in plan:
         meta_ds = dict(meta, loadavg_start=os.getloadavg()[0],
                        date=dt.datetime.now().strftime("%Y-%m-%d %H:%M"))
@@ -286,7 +306,8 @@ def main(argv=None):
         print()
         print(report.markdown(r))
     if args.readme:
-        report.update_readme(REPO / "README.md", results, results_rel=_rel(args.out))
+        report.update_readme(REPO / "README.md", results, results_rel=_rel(args.out),
+                             note=args.readme_note)
         print(f"[run] README.md benchmark block rewritten from {len(results)} result(s)")
     return 0
 
