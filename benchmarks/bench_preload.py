@@ -20,10 +20,11 @@ What it does, per configuration and run:
   3. "capped" runs put the child in a memory cgroup it creates (v1:
      /sys/fs/cgroup/memory/<name>/memory.limit_in_bytes, v2:
      /sys/fs/cgroup/<name>/memory.max; detected) whose limit is the child's
-     own baseline (interpreter, numpy, knndirect: measured by a probe run)
-     plus half of the index's RAM-resident sections, so that the page cache
-     left to the index is smaller than what preload asks for, and far smaller
-     than the file.
+     own anonymous memory with the index open (measured by a probe run), plus
+     8 MiB for its code, plus a fraction (--cap-fractions, default 1/2 and
+     1/8) of the index's RAM-resident sections: the page cache left to the
+     index is less than what "graph+codes+ids" asks for, and a small
+     fraction of the file.
 
 Needs root (drop_caches, cgroups); without it only the "ample" rows run, with
 whatever the page cache holds, and the output says so. Figures are medians
@@ -80,8 +81,13 @@ def child(args):
     warm.search(q[0], 10)
     warm.close()
     if args.report_baseline:
+        # Open the index without preload: its own memory (id map, tables,
+        # buffers) is then charged, not its sections' page cache.
+        idx = kd.open(args.index, preload=())
+        idx.search(q[0], 10)
         print(json.dumps({"ready": True}), flush=True)
         sys.stdin.readline()
+        idx.close()
         return 0
     preload = tuple(p for p in args.preload.split(",") if p)
     io0, ru0 = read_io(), resource.getrusage(resource.RUSAGE_SELF)
@@ -224,13 +230,14 @@ def run_child(args, path, qpath, backend, preload, cgroup=None):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def probe_baseline(args, qpath, cgroup):
-    """(anonymous, total) memory the child holds before it opens the index;
-    the rest of the total is the page cache of the libraries it loaded."""
+def probe_baseline(args, path, qpath, cgroup):
+    """(anonymous, total) memory the child holds with the index open without
+    preload; the rest of the total is page cache, mostly of the libraries it
+    loaded."""
     cgroup.set_limit(0)
     drop_caches()
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--queries", qpath,
-           "--report-baseline"]
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--index", path,
+           "--queries", qpath, "--report-baseline"]
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                          preexec_fn=cgroup.enter)
     p.stdout.readline()
@@ -252,8 +259,12 @@ def main(argv=None):
     ap.add_argument("--reuse", action="store_true",
                     help="reuse an index built before (by this script or bench_storage.py)")
     ap.add_argument("--cap-mib", type=float, default=None,
-                    help="memory cap of the capped runs (default: the child's anonymous "
-                    "memory + 8 MiB for its code + half the RAM-resident sections)")
+                    help="one memory cap for the capped runs, in MiB (default: see "
+                    "--cap-fractions)")
+    ap.add_argument("--cap-fractions", default="0.5,0.125",
+                    help="capped runs at each of these fractions of the RAM-resident "
+                    "sections left for their page cache, on top of the child's anonymous "
+                    "memory with the index open + 8 MiB for its code (default 0.5,0.125)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--index", help=argparse.SUPPRESS)
@@ -275,7 +286,7 @@ def main(argv=None):
           "ids) and %.1f MiB vectors" % (path, fsize / 2**20, ram / 2**20, (fsize - ram) / 2**20))
 
     root = os.geteuid() == 0
-    cgroup, cap = None, None
+    cgroup, caps = None, {}
     if not root:
         print("NOT root: the page cache is not dropped between runs and no memory cap is "
               "set; only the ample-memory rows run, warm.")
@@ -283,19 +294,25 @@ def main(argv=None):
         print("before each run: page cache dropped (echo 3 > /proc/sys/vm/drop_caches)")
         try:
             cgroup = Cgroup()
-            anon, total = probe_baseline(args, qpath, cgroup)
+            anon, total = probe_baseline(args, path, qpath, cgroup)
             base = anon + (8 << 20)
-            cap = int(args.cap_mib * 2**20) if args.cap_mib else base + ram // 2
-            print("capped runs: child in memory cgroup v%d %s, limit %.1f MiB = child's "
-                  "anonymous memory %.1f MiB + 8 MiB for its code (its libraries' page cache "
-                  "was %.1f MiB after import, mostly cold) + %.1f MiB for the index's page "
-                  "cache; the index file is %.1f MiB"
-                  % (cgroup.version, cgroup.path, cap / 2**20, anon / 2**20,
-                     (total - anon) / 2**20, (cap - base) / 2**20, fsize / 2**20))
+            if args.cap_mib:
+                caps["capped %.0f MiB" % args.cap_mib] = int(args.cap_mib * 2**20)
+            else:
+                for frac in (float(f) for f in args.cap_fractions.split(",")):
+                    caps["capped, %.1f MiB for sections" % (frac * ram / 2**20)] = \
+                        base + int(frac * ram)
+            print("capped runs: child in memory cgroup v%d %s; the child's anonymous memory "
+                  "with the index open is %.1f MiB (its page cache %.1f MiB, mostly cold "
+                  "libraries); limits: %s = %.1f MiB + 8 MiB for its code + what is left for "
+                  "the page cache of the index's sections (%.1f MiB of them; file %.1f MiB)"
+                  % (cgroup.version, cgroup.path, anon / 2**20, (total - anon) / 2**20,
+                     ", ".join("%.1f MiB" % (c / 2**20) for c in caps.values()),
+                     anon / 2**20, ram / 2**20, fsize / 2**20))
         except OSError as e:
             print("no memory cgroup (%s): only the ample-memory rows run" % e)
             cgroup = None
-    memories = ["ample"] + (["capped"] if cgroup else [])
+    memories = ["ample"] + (list(caps) if cgroup else [])
     results = {}
     try:
         for r in range(args.runs):
@@ -303,10 +320,10 @@ def main(argv=None):
                 for label, backend, preload in CONFIGS:
                     if root:
                         drop_caches()
-                    if mem == "capped":
-                        cgroup.set_limit(cap)
+                    if mem != "ample":
+                        cgroup.set_limit(caps[mem])
                     out = run_child(args, path, qpath, backend, preload,
-                                    cgroup if mem == "capped" else None)
+                                    cgroup if mem != "ample" else None)
                     results.setdefault((mem, label), []).append(out)
             print("run %d of %d done" % (r + 1, args.runs), flush=True)
     finally:
@@ -319,8 +336,8 @@ def main(argv=None):
     print()
     print("%d x %d l2, %d single queries, k=10, medians of %d runs; file %.0f MiB, RAM "
           "sections %.0f MiB%s" % (args.n, args.dim, args.nq, args.runs, fsize / 2**20,
-                                   ram / 2**20,
-                                   ", cap %.0f MiB" % (cap / 2**20) if cap else ""))
+                                   ram / 2**20, "".join("; %s: limit %.0f MiB" % (k, v / 2**20)
+                                                        for k, v in caps.items())))
     print()
     print("| memory | preload | backend | open | open → first result | %d queries | "
           "majflt (queries) | MiB read at open | MiB read by queries | vector reads |" % args.nq)
@@ -333,10 +350,14 @@ def main(argv=None):
                 1e3 * med(rows, "first_result_s"), med(rows, "queries_s"),
                 med(rows, "majflt_queries"), med(rows, "read_mib_open"),
                 med(rows, "read_mib_queries"), med(rows, "vector_reads")))
+    print()
+    print("majflt: major page faults during the queries (graph, codes, ids; with the mmap "
+          "backend also vectors; under the cap also the child's own code pages). MiB read: "
+          "/proc/self/io read_bytes.")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"n": args.n, "dim": args.dim, "nq": args.nq, "runs": args.runs,
-                       "file_bytes": fsize, "ram_bytes": ram, "cap_bytes": cap,
+                       "file_bytes": fsize, "ram_bytes": ram, "caps": caps,
                        "results": {"%s/%s" % k: v for k, v in results.items()}}, f, indent=1)
     return 0
 
