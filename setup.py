@@ -61,9 +61,14 @@ else:
 extra_compile_args = ["-std=c11", "-O3", "-fno-strict-aliasing", "-fvisibility=hidden",
                       "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
                       "-Wno-cast-function-type"]
+extra_link_args = []
 if os.environ.get("KNNDIRECT_SANITIZE"):
+    # e.g. KNNDIRECT_SANITIZE=address,undefined (run Python with the runtime
+    # preloaded: LD_PRELOAD=$(gcc -print-file-name=libasan.so)); linking with
+    # the flag too brings in the runtimes the preload does not (libubsan).
     extra_compile_args += ["-fsanitize=" + os.environ["KNNDIRECT_SANITIZE"], "-g", "-O1",
                            "-fno-omit-frame-pointer"]
+    extra_link_args += ["-fsanitize=" + os.environ["KNNDIRECT_SANITIZE"]]
 
 setup(
     ext_modules=[
@@ -74,6 +79,7 @@ setup(
             define_macros=define_macros,
             libraries=libraries,
             extra_compile_args=extra_compile_args,
+            extra_link_args=extra_link_args,
         )
     ]
 )

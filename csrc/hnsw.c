@@ -20,6 +20,8 @@ int kd_scratch_reserve(struct kd_search_scratch *s, uint64_t nodes, size_t ef, u
         s->visited.cap = cap;
         s->visited.now = 0;
     }
+    if (ef > SIZE_MAX / sizeof(struct kd_heap_item) - m0 - 2)
+        return kd_fail(-ENOMEM, "out of memory for search scratch (ef %zu)", ef);
     size_t need = ef + m0 + 2;
     if (need > s->heap_cap) {
         struct kd_heap_item *c = realloc(s->cand, need * sizeof *c);

@@ -371,6 +371,8 @@ static int query_begin(struct kd_index *ix, struct kd_ctx *c, const float *q,
     size_t L = shortlist_size(ix, sp), ef = sp->ef ? sp->ef : DEFAULT_EF;
     if (ef < k)
         ef = k;
+    if (ef > ix->count && ix->count >= k)   /* a beam never holds more nodes than there are */
+        ef = (size_t)ix->count;
     uint64_t t0 = kd_now_ns();
     if ((err = kd_scratch_reserve(&c->s, ix->count, ef, ix->graph.m0)))
         return err;
@@ -885,12 +887,12 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
         /* Lists may already point at the new nodes: the index cannot be rolled
          * back consistently, so keep them and report the error. */
         ix->count = last;
-        ix->live += n;
+        __atomic_fetch_add(&ix->live, n, __ATOMIC_RELAXED);   /* kd_index_count reads it unlocked */
         put = 0;
         goto out;
     }
     ix->count = last;
-    ix->live += n;
+    __atomic_fetch_add(&ix->live, n, __ATOMIC_RELAXED);
     put = 0;
 out:
     for (size_t i = 0; i < put; i++)
@@ -921,7 +923,7 @@ int kd_index_remove(struct kd_index *ix, const int64_t *ids, size_t n)
         if (r == KD_NO_ROW)
             continue;   /* repeated in this call */
         ix->deleted[r] = 1;
-        ix->live--;
+        __atomic_fetch_sub(&ix->live, 1, __ATOMIC_RELAXED);
         kd_idmap_del(&ix->idmap, ids[i]);
     }
 out:

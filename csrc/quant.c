@@ -456,17 +456,25 @@ static inline float finish(const struct kd_quant *q, const struct kd_qcode *qc,
     return -(ip + t.dot_c + qc->dot_c[t.centre]);
 }
 
+/* Codes are code_size bytes apart (sign words plus a 20-byte tail), so their
+ * words are not 8-byte aligned: load them with memcpy, not through a cast. */
+static inline uint64_t load_word(const uint8_t *code, uint32_t w)
+{
+    uint64_t v;
+    memcpy(&v, code + (size_t)w * 8, 8);
+    return v;
+}
+
 #define ESTIMATE_BODY(POPCOUNT)                                                     \
     uint32_t words = q->pdim / 64;                                                  \
     for (size_t i = 0; i < n; i++) {                                                \
         const uint8_t *code = codes + (size_t)rows[i] * q->code_size;              \
-        const uint64_t *bits = (const uint64_t *)code;                              \
         uint64_t s = 0;                                                             \
         for (int b = 0; b < KD_QUERY_BITS; b++) {                                   \
             const uint64_t *p = qc->planes + (size_t)b * words;                     \
             uint64_t c = 0;                                                         \
             for (uint32_t w = 0; w < words; w++)                                    \
-                c += (uint64_t)POPCOUNT(bits[w] & p[w]);                            \
+                c += (uint64_t)POPCOUNT(load_word(code, w) & p[w]);                 \
             s += c << b;                                                            \
         }                                                                           \
         out[i] = finish(q, qc, code, s);                                            \

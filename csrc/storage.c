@@ -157,6 +157,10 @@ int kd_path_writer_open(struct kd_writer *w, struct kd_path_writer *pw, const ch
     int have_target = stat(path, &st) == 0;
     if (have_target && S_ISDIR(st.st_mode))
         return kd_fail(-EISDIR, "cannot save to %s: it is a directory", path);
+    /* Renaming over a device, pipe or socket would replace it with a file. */
+    if (have_target && !S_ISREG(st.st_mode))
+        return kd_fail(-EINVAL, "cannot save to %s: it is not a regular file (a device, pipe "
+                       "or socket); write to it through a file object instead", path);
     size_t len = strlen(path) + 64;
     pw->path = strdup(path);
     pw->tmp = malloc(len);

@@ -371,6 +371,8 @@ static PyObject *Index_save_path(KdIndexObject *self, PyObject *arg)
     Py_DECREF(bytes);
     if (!ix)
         return NULL;
+    if (err == -EROFS)   /* a read-only filesystem, not a read-only index */
+        return kd_raise_os(err);
     return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
 }
 
@@ -472,10 +474,16 @@ static PyObject *Index_info(KdIndexObject *self, PyObject *unused)
     SET(d, "default_oversample", PyFloat_FromDouble(in.default_oversample));
     SET(d, "default_ef", PyLong_FromSize_t(in.default_ef));
     PyObject *fb = PyList_New(0);
-    if (fb && in.on_disk && (in.io.fallbacks & KD_FALLBACK_NO_DIRECT))
-        PyList_Append(fb, PyUnicode_FromString("no_direct_io"));
-    if (fb && in.on_disk && (in.io.fallbacks & KD_FALLBACK_NO_URING))
-        PyList_Append(fb, PyUnicode_FromString("no_io_uring"));
+    static const char *fallbacks[] = {"no_direct_io", "no_io_uring"};
+    static const unsigned bits[] = {KD_FALLBACK_NO_DIRECT, KD_FALLBACK_NO_URING};
+    for (int i = 0; fb && i < 2; i++) {
+        if (!in.on_disk || !(in.io.fallbacks & bits[i]))
+            continue;
+        PyObject *name = PyUnicode_FromString(fallbacks[i]);
+        if (!name || PyList_Append(fb, name) != 0)
+            Py_CLEAR(fb);
+        Py_XDECREF(name);
+    }
     SET(d, "fallbacks", fb);
     return d;
 }

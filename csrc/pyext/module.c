@@ -9,6 +9,18 @@
 
 #include <string.h>
 
+PyObject *kd_raise_os(int err)
+{
+    const char *msg = kd_last_error();
+    PyObject *e = Py_BuildValue("(is)", -err, msg[0] ? msg : strerror(-err));
+    if (e) {
+        PyErr_SetObject(PyExc_OSError, e);
+        Py_DECREF(e);
+    }
+    kd_clear_error();
+    return NULL;
+}
+
 PyObject *kd_raise(int err)
 {
     const char *msg = kd_last_error();
@@ -28,13 +40,8 @@ PyObject *kd_raise(int err)
     case ENOMEM:
         PyErr_SetString(PyExc_MemoryError, msg);
         break;
-    default: {
-        PyObject *e = Py_BuildValue("(is)", -err, msg);
-        if (e) {
-            PyErr_SetObject(PyExc_OSError, e);
-            Py_DECREF(e);
-        }
-    }
+    default:
+        return kd_raise_os(err);
     }
     kd_clear_error();
     return NULL;

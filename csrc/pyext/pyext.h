@@ -33,6 +33,8 @@ PyObject *kd_index_wrap(struct kd_index *ix);
 
 /* Turn a negative errno from the core into the matching Python exception. */
 PyObject *kd_raise(int err);
+/* The same as an OSError whatever the errno (a failure of the filesystem). */
+PyObject *kd_raise_os(int err);
 
 /* A writer whose sink is a Python binary file-like object. It takes the GIL
  * for each chunk; a Python exception raised by write() is kept and restored

@@ -56,7 +56,13 @@ def features() -> dict:
     return _core.features()
 
 
-def _positive_int(value, name, allow_none=True):
+# The core takes these as 32-bit unsigned integers; a larger value must not wrap.
+UINT32_MAX = 2**32 - 1
+# The largest dimension the core accepts (csrc/index.c).
+MAX_DIM = 1 << 20
+
+
+def _positive_int(value, name, allow_none=True, maximum=None):
     if value is None and allow_none:
         return 0
     try:
@@ -65,6 +71,8 @@ def _positive_int(value, name, allow_none=True):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
     if v < 1:
         raise ValueError(f"{name} must be at least 1, got {v}")
+    if maximum is not None and v > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {v}")
     return v
 
 
@@ -146,14 +154,15 @@ class Index:
 
     def __init__(self, dim, metric="l2", *, m=16, ef_construction=200, quantization="1bit",
                  seed=0):
-        dim = _positive_int(dim, "dim", allow_none=False)
+        dim = _positive_int(dim, "dim", allow_none=False, maximum=MAX_DIM)
         if metric not in METRICS:
             raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
         if quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization must be one of {sorted(QUANTIZATIONS)}, got {quantization!r}")
-        m = _positive_int(m, "m", allow_none=False)
-        ef_construction = _positive_int(ef_construction, "ef_construction", allow_none=False)
+        m = _positive_int(m, "m", allow_none=False, maximum=UINT32_MAX)
+        ef_construction = _positive_int(ef_construction, "ef_construction", allow_none=False,
+                                        maximum=UINT32_MAX)
         seed = operator.index(seed)
         if not 0 <= seed < 2**64:
             raise ValueError("seed must be in [0, 2**64)")
@@ -227,7 +236,7 @@ class Index:
         else:
             start = self._core.info()["slots"]
             id_arr = np.arange(start, start + n, dtype=np.int64)
-        nthreads = _positive_int(threads, "threads")
+        nthreads = _positive_int(threads, "threads", maximum=UINT32_MAX)
         report, close = _progress_callback(progress, n)
         if report is None and n <= ADD_CHUNK:
             self._core.add(_float32(x), id_arr, nthreads)
@@ -327,7 +336,7 @@ class Index:
             oversample = float(oversample)
             if not math.isfinite(oversample) or oversample < 1.0:
                 raise ValueError(f"oversample must be a finite number >= 1, got {oversample}")
-        nthreads = _positive_int(threads, "threads") or self._threads
+        nthreads = _positive_int(threads, "threads", maximum=UINT32_MAX) or self._threads
         allowed = None if filter is None else _as_ids(filter, "filter")
         D, I = self._core.search(q, k, ef, oversample, bool(rerank), bool(exact), nthreads,
                                  allowed)
@@ -577,7 +586,7 @@ def open(path, *, direct_io=True, io_backend="auto", io_depth=128, preload=("gra
     """
     if io_backend not in IO_BACKENDS:
         raise ValueError(f"io_backend must be one of {sorted(IO_BACKENDS)}, got {io_backend!r}")
-    depth = _positive_int(io_depth, "io_depth", allow_none=False)
+    depth = _positive_int(io_depth, "io_depth", allow_none=False, maximum=UINT32_MAX)
     if isinstance(preload, str):
         preload = (preload,)
     mask = 0
@@ -587,7 +596,7 @@ def open(path, *, direct_io=True, io_backend="auto", io_depth=128, preload=("gra
                 f"preload entries must be among {sorted(PRELOAD_SECTIONS)}, got {name!r}")
         for sec in PRELOAD_SECTIONS[name]:
             mask |= 1 << sec
-    nthreads = _positive_int(threads, "threads")
+    nthreads = _positive_int(threads, "threads", maximum=UINT32_MAX)
     core = _core.open(os.fspath(path), bool(direct_io), IO_BACKENDS[io_backend], depth, mask)
     done = [name for name in PRELOAD_SECTIONS if name in (preload or ())]
     if "vectors" in done and core.info()["direct_io"]:
