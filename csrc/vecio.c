@@ -1137,12 +1137,14 @@ int kd_vecio_submit(struct kd_vecio *v, const uint64_t *rows, size_t n, void *ds
     *out = p;
     if (n == 0)
         return 0;
+    uint64_t t0 = kd_now_ns();   /* synchronous backends wait here, not in complete */
     if (v->backend == KD_IO_MMAP) {
         for (size_t i = 0; i < n; i++)
             memcpy((char *)dst + i * dst_stride,
                    v->map + (v->offset - v->map_off) + rows[i] * v->stride, v->record_bytes);
         p->c.read_ops = n;
         p->c.read_bytes = (uint64_t)n * v->record_bytes;
+        p->c.wait_ns = kd_now_ns() - t0;
         return 0;
     }
     p->zc = v->direct && zero_copy_ok(v, dst, dst_stride);
@@ -1169,6 +1171,7 @@ int kd_vecio_submit(struct kd_vecio *v, const uint64_t *rows, size_t n, void *ds
     if (!p->zc && v->direct && (rc = ctx_bounce(v, p->x, v->max_span)) < 0)
         goto fail;
     p->err = read_rows_sync(v, rows, n, dst, dst_stride, p->zc, p->x->bounce, &p->c);
+    p->c.wait_ns = kd_now_ns() - t0;
     return 0;
 fail:
     if (p->x)
@@ -1200,7 +1203,7 @@ int kd_vecio_complete(struct kd_vecio_pending *p, struct kd_io_counters *c)
     if (c) {
         c->read_ops += p->c.read_ops;
         c->read_bytes += p->c.read_bytes;
-        c->wait_ns += kd_now_ns() - t0;
+        c->wait_ns += p->c.wait_ns + (kd_now_ns() - t0);
     }
     free(p);
     return rc;

@@ -242,3 +242,18 @@ def test_many_opens_do_not_leak(saved):
         idx.close()
     after = len(os.listdir(fd_dir))
     assert after <= before + 2, "fds: %d before, %d after 40 open/close" % (before, after)
+
+
+@pytest.mark.parametrize("backend", ["auto", "threads", "pread", "mmap"])
+def test_io_wait_is_counted(saved, backend):
+    """Every backend reports the time searches spent waiting for vectors,
+    including the synchronous ones that read before the wait would begin."""
+    idx = open_quiet(saved[2], backend)
+    try:
+        idx.stats(reset=True)
+        idx.search(saved[1], K)
+        st = idx.stats()
+        assert st["read_ops"] > 0
+        assert st["io_wait_seconds"] > 0
+    finally:
+        idx.close()
