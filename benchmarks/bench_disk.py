@@ -1,0 +1,1478 @@
+"""Larger than RAM: knndirect searched under a memory cap a quarter of its
+float32 data, against the device's own limits and against diskannpy.
+
+    sudo python benchmarks/bench_disk.py [--n 1000000] [--dim 768] [--queries 1000]
+        [--cap-fraction 0.25] [--dir DIR] [--skip-build] [--peers diskann]
+    sudo python benchmarks/bench_disk.py --quick          # 100k x 768, 200 queries
+    sudo python benchmarks/bench_disk.py --build-only     # data, ground truth, indexes
+
+What one run does:
+  * data: knndirect.datasets.clustered(n + queries, dim) generated in chunks
+    straight into a .npy memmap (never held twice; the same rows clustered()
+    returns), the last `queries` rows held out as queries; exact ground truth
+    (float64 brute force, knndirect.datasets.ground_truth, in blocks); the
+    index built once (m=16, ef_construction=200, all cores) and saved; the
+    diskannpy disk index built once. All cached in --dir and reused.
+  * device probe: fio random 4 KiB O_DIRECT reads over the index file's vector
+    section, queue depth 1 (latency) and 32 (IOPS), so that every figure can be
+    put against the device's limit.
+  * the measurements run in child processes, each started after the page
+    cache is dropped; the capped ones in a memory cgroup (v1 or v2, whichever
+    is mounted) whose limit counts page cache too: cap-fraction x the float32
+    data, raised if needed to what the index keeps in RAM
+    (info()["resident_bytes"]) + an allowance for Python and numpy.
+      - in RAM (no cap): the same file kd.load-ed: recall and batch QPS over an
+        ef x oversample grid, which picks the "tuned" operating point (recall
+        >= 0.95 with the highest min(I/O bound, CPU bound)); then one query at
+        a time, batches and the open loop at the default and tuned points: the
+        CPU side of every bound and the in-RAM side of the rerank overhead;
+      - under the cap, for io_uring, threads, pread and mmap: single stream
+        (p50/p99, recall@10, reads and bytes per query as the index counts
+        them and as the kernel does, graph time, I/O wait) and batch QPS;
+      - under the cap, io_uring: batch QPS over the grid (the recall/QPS front);
+      - under the cap, io_uring: an open-loop load: Poisson arrivals, a bounded
+        queue that sheds when full, a pool of worker threads, latency from the
+        intended arrival time; the highest rate with p99 <= 50 ms and <= 0.1%
+        shed, at both operating points;
+      - diskannpy's disk index (PQ codes and a node cache in RAM, graph and full
+        vectors on disk) under the same cap: QPS at recall 0.95.
+Writes benchmarks/results/disk.json and disk.md. Needs root for the cgroup
+and the cache drops; without root it runs uncapped and warm, and says so.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import math
+import os
+import platform
+import queue
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+K = 10
+TARGET_RECALL = 0.95
+P99_LIMIT_S = 0.050
+SHED_LIMIT = 0.001
+OVERSAMPLES = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0, 32.0)
+GRID_EFS = (32, 64, 128, 192, 256, 384, 512)
+OVERSAMPLES_QUICK = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+GRID_EFS_QUICK = (32, 64, 128, 256)
+BACKENDS = ("io_uring", "threads", "pread", "mmap")
+TARGETS = {"read_volume": 1.1, "uring_vs_pread": 3.0, "overhead_vs_qd1": 2.0,
+           "load_vs_bound": 0.7, "vs_diskann": 1.0, "vs_diskann_aim": 2.0}
+SECTION_VECTORS = 8   # the vector section's id in the file's section table
+
+
+# ---------------------------------------------------------------- small helpers
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def loadavg():
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def read_proc_io():
+    out = {}
+    with open("/proc/self/io") as f:
+        for line in f:
+            key, value = line.split(":")
+            out[key.strip()] = int(value)
+    return out
+
+
+def drop_caches():
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def vector_section(path):
+    """(offset, length) of the vector section, from the file's section table
+    (the footer's last 32 bytes start with the table's offset and count)."""
+    with open(path, "rb") as f:
+        f.seek(-32, os.SEEK_END)
+        table_off, count = struct.unpack("<QI", f.read(12))
+        f.seek(table_off)
+        table = f.read(32 * count)
+    for i in range(count):
+        sid, _, off, length, _, _ = struct.unpack_from("<IIQQII", table, 32 * i)
+        if sid == SECTION_VECTORS:
+            return off, length
+    raise ValueError(f"{path}: no vector section")
+
+
+def pct(values, q):
+    return float(np.percentile(np.asarray(values), q)) if len(values) else float("nan")
+
+
+def recall(found, truth, k=K):
+    found = np.asarray(found)[:, :k]
+    truth = np.asarray(truth)[:, :k]
+    hits = sum(len(set(f.tolist()) & set(t.tolist())) for f, t in zip(found, truth))
+    return hits / float(truth.size)
+
+
+def shortlist(oversample, k=K):
+    return int(math.ceil(k * oversample - 1e-9))
+
+
+# ---------------------------------------------------------------- data
+
+def clustered_into(out_base, out_queries, n, dim, *, n_clusters=64, spread=0.5, seed=0,
+                   step=65536):
+    """knndirect.datasets.clustered(n + len(out_queries), dim, seed=seed), written
+    row block by row block into out_base (n rows, e.g. a memmap) and
+    out_queries (the rows after them), so the whole set is never in memory.
+    Draws from the generator in the same order as clustered(), so the rows
+    are the same."""
+    rng = np.random.default_rng(seed)
+    scale = (1.0 / np.sqrt(1.0 + np.arange(dim) / 8.0)).astype(np.float32)
+    centres = rng.standard_normal((n_clusters, dim), dtype=np.float32) * scale
+    total = n + len(out_queries)
+    for start in range(0, total, step):
+        end = min(total, start + step)
+        labels = rng.integers(0, n_clusters, end - start)
+        noise = rng.standard_normal((end - start, dim), dtype=np.float32)
+        block = centres[labels] + spread * noise * scale
+        a, b = start, min(end, n)
+        if b > a:
+            out_base[a:b] = block[:b - a]
+        if end > n:
+            q0 = max(start, n)
+            out_queries[q0 - n:end - n] = block[q0 - start:]
+
+
+def check_generator():
+    """The chunked writer gives the rows knndirect.datasets.clustered gives."""
+    from knndirect.datasets import clustered
+    n, nq, dim = 70_000, 100, 16
+    ref = clustered(n + nq, dim, seed=3)
+    base, q = np.empty((n, dim), np.float32), np.empty((nq, dim), np.float32)
+    clustered_into(base, q, n, dim, seed=3)
+    if not (np.array_equal(ref[:n], base) and np.array_equal(ref[n:], q)):
+        raise RuntimeError("clustered_into no longer matches knndirect.datasets.clustered")
+
+
+def prepare_data(args, paths):
+    """Base vectors (.npy memmap), queries, warm-up queries and ground truth."""
+    from knndirect.datasets import ground_truth
+
+    if not (os.path.exists(paths["base"]) and os.path.exists(paths["queries"])):
+        check_generator()
+        t = time.perf_counter()
+        tmp_base, tmp_q = paths["base"] + ".tmp.npy", paths["queries"] + ".tmp.npy"
+        base = np.lib.format.open_memmap(tmp_base, mode="w+", dtype=np.float32,
+                                         shape=(args.n, args.dim))
+        q = np.empty((args.queries, args.dim), np.float32)
+        clustered_into(base, q, args.n, args.dim, seed=args.seed)
+        base.flush()
+        del base
+        np.save(tmp_q, q)
+        os.replace(tmp_base, paths["base"])
+        os.replace(tmp_q, paths["queries"])
+        log(f"data: {args.n:,} x {args.dim} clustered float32 (+{args.queries} held-out "
+            f"queries) written to {paths['base']} in {time.perf_counter() - t:.0f} s")
+    base = np.load(paths["base"], mmap_mode="r")
+    q = np.load(paths["queries"])
+    if not os.path.exists(paths["warm"]):
+        # Warm-up queries: base rows, so they share nothing with the measured queries.
+        rows = np.linspace(0, args.n - 1, 32).astype(np.int64)
+        np.save(paths["warm"], np.ascontiguousarray(base[rows]))
+    if not os.path.exists(paths["gt"]):
+        t = time.perf_counter()
+        ids, _ = ground_truth(base, q, K, "l2", block=16384)
+        np.save(paths["gt"], ids)
+        log(f"ground truth: exact top-{K} (float64 brute force) in "
+            f"{time.perf_counter() - t:.0f} s -> {paths['gt']}")
+    return base, q
+
+
+def write_diskann_bin(base, path, rows=65536):
+    """DiskANN's .bin layout: int32 count, int32 dim, then the rows."""
+    n, dim = base.shape
+    with open(path + ".tmp", "wb") as f:
+        f.write(struct.pack("<ii", n, dim))
+        for s in range(0, n, rows):
+            f.write(np.ascontiguousarray(base[s:s + rows], dtype=np.float32).tobytes())
+    os.replace(path + ".tmp", path)
+
+
+# ---------------------------------------------------------------- cgroups
+
+class Cgroup:
+    """A memory cgroup the children run in. v1: a group nested in this
+    process's own memory group when it can be created there, else at the
+    hierarchy's root; limit in memory.limit_in_bytes. v2: a group under the
+    root with "+memory" enabled in the root's cgroup.subtree_control; limit
+    in memory.max. Either way the limit counts the page cache the children
+    fault in."""
+
+    def __init__(self, name):
+        self.path = None
+        v1 = "/sys/fs/cgroup/memory"
+        v2 = "/sys/fs/cgroup"
+        if os.path.exists(os.path.join(v1, "memory.limit_in_bytes")):
+            self.version = 1
+            parents = [os.path.join(v1, self._own_path("memory").lstrip("/")), v1]
+        elif os.path.exists(os.path.join(v2, "cgroup.controllers")) and "memory" in \
+                open(os.path.join(v2, "cgroup.controllers")).read().split():
+            self.version = 2
+            ctl = os.path.join(v2, "cgroup.subtree_control")
+            if "memory" not in open(ctl).read().split():
+                with open(ctl, "w") as f:
+                    f.write("+memory")
+            parents = [v2]
+        else:
+            raise OSError("no memory cgroup controller is mounted")
+        errors = []
+        for parent in dict.fromkeys(parents):
+            try:
+                path = os.path.join(parent, name)
+                os.mkdir(path)
+                self.path = path
+                break
+            except OSError as e:
+                errors.append(f"{parent}: {e}")
+        if self.path is None:
+            raise OSError("cannot create a memory cgroup: " + "; ".join(errors))
+        if self.version == 1:
+            self.limit_file, self.usage_file = "memory.limit_in_bytes", "memory.usage_in_bytes"
+            self.peak_file = "memory.max_usage_in_bytes"
+        else:
+            self.limit_file, self.usage_file, self.peak_file = \
+                "memory.max", "memory.current", "memory.peak"
+
+    @staticmethod
+    def _own_path(controller):
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, ctrls, path = line.rstrip("\n").split(":", 2)
+                if controller in ctrls.split(","):
+                    return path
+        return "/"
+
+    def _read(self, name):
+        with open(os.path.join(self.path, name)) as f:
+            return f.read().strip()
+
+    def _write(self, name, value):
+        with open(os.path.join(self.path, name), "w") as f:
+            f.write(value)
+
+    def set_limit(self, nbytes):
+        self._write(self.limit_file, str(int(nbytes)) if nbytes else
+                    ("-1" if self.version == 1 else "max"))
+
+    def limit(self):
+        v = self._read(self.limit_file)
+        return None if v == "max" else int(v)
+
+    def usage(self):
+        return int(self._read(self.usage_file))
+
+    def reset_peak(self):
+        try:
+            self._write(self.peak_file, "0")
+            return True
+        except OSError:
+            return False
+
+    def peak(self):
+        try:
+            return int(self._read(self.peak_file))
+        except (OSError, ValueError):
+            return None
+
+    def stat(self):
+        """(page cache, anonymous memory, times the limit was hit)."""
+        st = dict(line.split() for line in self._read("memory.stat").splitlines())
+        if self.version == 1:
+            hits = int(self._read("memory.failcnt"))
+            return int(st.get("total_cache", st["cache"])), \
+                int(st.get("total_rss", st["rss"])), hits
+        events = dict(line.split() for line in self._read("memory.events").splitlines())
+        return int(st["file"]), int(st["anon"]), int(events.get("max", 0))
+
+    def enter(self):
+        """preexec_fn: move the child into the group before it execs."""
+        with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+    def remove(self):
+        if self.path:
+            for _ in range(100):
+                try:
+                    os.rmdir(self.path)
+                    self.path = None
+                    return
+                except OSError:
+                    time.sleep(0.1)
+
+
+class MemoryWatch:
+    """Samples the group's usage while a child runs: peak and limit."""
+
+    def __init__(self, cgroup, period=0.05):
+        self.cg, self.period, self.samples = cgroup, period, []
+        self.stop = threading.Event()
+        if self.cg.version == 1:
+            self.cg._write("memory.failcnt", "0")
+        self.peak_reset = self.cg.reset_peak()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        self.max_cache = self.max_anon = 0
+        tick = 0
+        while not self.stop.is_set():
+            try:
+                self.samples.append(self.cg.usage())
+                if tick % 10 == 0:
+                    cache, anon, _ = self.cg.stat()
+                    self.max_cache = max(self.max_cache, cache)
+                    self.max_anon = max(self.max_anon, anon)
+            except OSError:
+                pass
+            tick += 1
+            self.stop.wait(self.period)
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join()
+        cache, anon, hits = self.cg.stat()
+        peak = max(self.samples) if self.samples else 0
+        kernel_peak = self.cg.peak() if self.peak_reset else None
+        return {"limit_bytes": self.cg.limit(), "peak_bytes": max(peak, kernel_peak or 0),
+                "peak_sampled_bytes": peak, "max_cache_bytes": self.max_cache,
+                "max_anon_bytes": self.max_anon, "end_cache_bytes": cache, "limit_hits": hits}
+
+
+# ---------------------------------------------------------------- device probe
+
+def fio_randread(path, offset, length, depth, seconds):
+    """Random 4 KiB O_DIRECT reads over [offset, offset + length) of path."""
+    if shutil.which("fio") is None:
+        return {"error": "fio not installed"}
+    last = ""
+    for engine in ("io_uring", "libaio", "psync"):
+        if engine == "psync" and depth > 1:
+            continue
+        cmd = ["fio", "--name=probe", f"--filename={path}", "--readonly", "--rw=randread",
+               "--bs=4k", "--direct=1", f"--ioengine={engine}", f"--iodepth={depth}",
+               f"--offset={offset}", f"--size={length // 4096 * 4096}",
+               f"--runtime={seconds}", "--time_based", "--norandommap", "--randrepeat=0",
+               "--group_reporting", "--output-format=json"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode == 0:
+            text = r.stdout[r.stdout.index("{"):]
+            job = json.loads(text)["jobs"][0]["read"]
+            clat = job["clat_ns"].get("percentile", {})
+            return {"engine": engine, "depth": depth, "seconds": seconds,
+                    "iops": job["iops"], "lat_mean_us": job["lat_ns"]["mean"] / 1e3,
+                    "clat_p50_us": clat.get("50.000000", float("nan")) / 1e3,
+                    "clat_p99_us": clat.get("99.000000", float("nan")) / 1e3}
+        last = r.stderr.strip()[-300:]
+    return {"error": "fio failed: " + last}
+
+
+# ---------------------------------------------------------------- children
+
+def child_env(args_snapshot):
+    env = dict(os.environ)
+    if args_snapshot:
+        env["PYTHONPATH"] = args_snapshot + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_child(spec, *, cgroup=None, snapshot=None, drop=False, timeout=None):
+    """Run `bench_disk.py --worker SPEC` (in the cgroup when given) and return
+    its result dict, with the group's memory figures under "memory"."""
+    workdir = tempfile.mkdtemp(prefix="kd-disk-")
+    spec_path, out_path = os.path.join(workdir, "spec.json"), os.path.join(workdir, "out.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    dropped = drop_caches() if drop else False
+    watch = MemoryWatch(cgroup) if cgroup else None
+    load0 = loadavg()
+    t = time.perf_counter()
+    try:
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec_path,
+                            out_path], env=child_env(snapshot), timeout=timeout,
+                           preexec_fn=cgroup.enter if cgroup else None)
+        rc = r.returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    wall = time.perf_counter() - t
+    mem = watch.finish() if watch else None
+    try:
+        with open(out_path) as f:
+            out = json.load(f)
+    except (OSError, ValueError):
+        out = {"error": f"worker exited with {rc} and wrote no result"}
+    shutil.rmtree(workdir, ignore_errors=True)
+    if rc != 0 and "error" not in out:
+        out["error"] = f"worker exited with {rc}"
+    out.update({"memory": mem, "capped": cgroup is not None, "cache_dropped": dropped,
+                "wall_s": wall, "loadavg_start": load0, "loadavg_end": loadavg()})
+    return out
+
+
+def single_stream(index, queries, gt, kw, warm):
+    """One query at a time: latencies, recall, and read counters per query."""
+    for q in warm:
+        index.search(q, K, **kw)
+    index.stats(reset=True)
+    io0 = read_proc_io()
+    lat = np.empty(len(queries))
+    found = np.empty((len(queries), K), np.int64)
+    for i, q in enumerate(queries):
+        t = time.perf_counter()
+        _, found[i] = index.search(q, K, **kw)
+        lat[i] = time.perf_counter() - t
+    io1 = read_proc_io()
+    st = index.stats()
+    nq = max(1, st["queries"])
+    return {"n": len(queries), "p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3,
+            "mean_ms": float(lat.mean()) * 1e3, "recall": recall(found, gt),
+            "reads_per_query": st["read_ops"] / nq, "bytes_per_query": st["read_bytes"] / nq,
+            "rerank_per_query": st["rerank_vectors"] / nq,
+            "io_wait_ms_per_query": st["io_wait_seconds"] / nq * 1e3,
+            "graph_ms_per_query": st.get("graph_seconds", 0.0) / nq * 1e3,
+            "rerank_ms_per_query": st.get("rerank_seconds", 0.0) / nq * 1e3,
+            "kernel_bytes_per_query": (io1["read_bytes"] - io0["read_bytes"]) / len(queries)}
+
+
+def batch_qps(search, queries, gt, min_s=1.0, passes=3):
+    """Whole passes over the query set as one call: QPS of the median pass."""
+    search(queries[:min(64, len(queries))])
+    times, found = [], None
+    t_all = time.perf_counter()
+    while len(times) < passes or (time.perf_counter() - t_all < min_s and len(times) < 20):
+        t = time.perf_counter()
+        found = search(queries)
+        times.append(time.perf_counter() - t)
+    return {"qps": len(queries) / statistics.median(times), "recall": recall(found, gt),
+            "passes": len(times)}
+
+
+def open_loop(search, queries, gt, rate, seconds, workers, qsize, seed):
+    """Poisson arrivals at `rate` for `seconds`: a dispatcher puts each query
+    in a bounded queue at its intended arrival time, or sheds it when the queue
+    is full; `workers` threads serve the queue. Latency = completion - intended
+    arrival, so time spent queued or behind a late dispatcher counts."""
+    rng = np.random.default_rng(seed)
+    n = max(200, int(rate * seconds))
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
+    which = rng.integers(0, len(queries), n)
+    lat = np.full(n, np.nan)
+    lag = np.zeros(n)
+    found = np.full((n, K), -1, np.int64)
+    jobs = queue.Queue(maxsize=qsize)
+
+    def serve():
+        while True:
+            item = jobs.get()
+            if item is None:
+                return
+            i, due = item
+            found[i] = search(queries[which[i]])
+            lat[i] = time.perf_counter() - due
+
+    pool = [threading.Thread(target=serve, daemon=True) for _ in range(workers)]
+    for th in pool:
+        th.start()
+    shed = 0
+    t0 = time.perf_counter() + 0.02
+    for i in range(n):
+        due = t0 + arrivals[i]
+        wait = due - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        lag[i] = time.perf_counter() - due
+        try:
+            jobs.put_nowait((i, due))
+        except queue.Full:
+            shed += 1
+    for _ in pool:
+        jobs.put(None)
+    for th in pool:
+        th.join()
+    elapsed = time.perf_counter() - t0
+    served = ~np.isnan(lat)
+    ls = lat[served]
+    res = {"rate": rate, "offered": n, "served": int(served.sum()), "shed": shed,
+           "shed_fraction": shed / n, "elapsed_s": elapsed,
+           "throughput": float(served.sum()) / elapsed,
+           "p50_ms": pct(ls, 50) * 1e3, "p99_ms": pct(ls, 99) * 1e3,
+           "p999_ms": pct(ls, 99.9) * 1e3, "dispatch_lag_p99_ms": pct(lag, 99) * 1e3,
+           "recall": recall(found[served], gt[which[served]]) if served.any() else 0.0}
+    res["ok"] = bool(res["p99_ms"] <= P99_LIMIT_S * 1e3 and res["shed_fraction"] <= SHED_LIMIT)
+    return res
+
+
+def find_rate(trial, start, max_trials, precision=1.08):
+    """The highest rate that passes: double (or halve) until one rate passes
+    and one fails, then bisect geometrically."""
+    trials, lo, hi, rate = [], None, None, start
+    while len(trials) < max_trials:
+        r = trial(rate)
+        trials.append(r)
+        print(f"    rate {rate:8.1f}/s: p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:8.2f} ms  "
+              f"shed {r['shed_fraction']:6.2%}  -> {'ok' if r['ok'] else 'too much'}",
+              flush=True)
+        if r["ok"]:
+            lo = rate if lo is None else max(lo, rate)
+        else:
+            hi = rate if hi is None else min(hi, rate)
+        if hi is None:
+            rate *= 2
+        elif lo is None:
+            rate /= 2
+        elif hi / lo <= precision:
+            break
+        else:
+            rate = math.sqrt(lo * hi)
+    best = max((t for t in trials if t["ok"]), key=lambda t: t["rate"], default=None)
+    return {"sustainable_rate": best["rate"] if best else 0.0, "at_rate": best,
+            "trials": trials}
+
+
+def worker_main(spec_path, out_path):
+    import warnings
+    warnings.simplefilter("ignore", RuntimeWarning)
+    with open(spec_path) as f:
+        spec = json.load(f)
+    out = {"task": spec["task"]}
+    try:
+        out.update(TASKS[spec["task"]](spec))
+    except Exception as e:  # reported in the results, the run goes on
+        import traceback
+        traceback.print_exc()
+        out["error"] = f"{type(e).__name__}: {e}"
+    with open(out_path, "w") as f:
+        json.dump(out, f)
+    return 0
+
+
+def _inputs(spec):
+    q = np.load(spec["queries"])
+    gt = np.load(spec["gt"])
+    warm = np.load(spec["warm"])
+    return q, gt, warm
+
+
+def task_build(spec):
+    import knndirect as kd
+    base = np.load(spec["base"], mmap_mode="r")
+    n, dim = base.shape
+    index = kd.Index(dim, "l2", m=spec["m"], ef_construction=spec["ef_construction"])
+    chunk = 50_000
+    t = time.perf_counter()
+    for s in range(0, n, chunk):
+        index.add(np.ascontiguousarray(base[s:s + chunk]), threads=spec["threads"])
+        done = min(n, s + chunk)
+        el = time.perf_counter() - t
+        print(f"  build: {done:,}/{n:,} vectors, {el:.0f} s, load {loadavg()[0]}",
+              file=sys.stderr, flush=True)
+    build_s = time.perf_counter() - t
+    index.save(spec["index"])
+    return {"build_s": build_s, "n": n, "dim": dim, "file_bytes": os.path.getsize(spec["index"]),
+            "knndirect": kd.__file__}
+
+
+def _kw(point):
+    """search() keywords of an operating point {"ef": .., "oversample": ..};
+    None leaves the index's default."""
+    return {k: v for k, v in (point or {}).items() if v is not None}
+
+
+def _grid(index, q, gt, efs, oversamples, count_reads=False):
+    """One batch pass (after a short warm-up) per (ef, oversample), 2 threads."""
+    points = []
+    for ef in efs:
+        for os_ in oversamples:
+            index.stats(reset=True)
+            b = batch_qps(lambda x, e=ef, o=os_: index.search(x, K, ef=e, oversample=o,
+                                                              threads=2)[1],
+                          q, gt, min_s=0, passes=1)
+            b.update({"ef": ef, "oversample": os_})
+            if count_reads:
+                st = index.stats()
+                b["reads_per_query"] = st["read_ops"] / max(1, st["queries"])
+            points.append(b)
+    return points
+
+
+def _measure(index, spec, q, gt, warm, where):
+    """Single stream and batch at each operating point, then the open loop."""
+    out = {"single": {}, "batch": {}, "load": {}}
+    for label, point in spec.get("points", {}).items():
+        if spec.get("single", True):
+            out["single"][label] = single_stream(index, q, gt, _kw(point), warm)
+        if spec.get("batch", True):
+            out["batch"][label] = batch_qps(
+                lambda x, kw=_kw(point): index.search(x, K, threads=2, **kw)[1], q, gt)
+    for label, start in spec.get("load", {}).items():
+        kw = _kw(spec["points"][label])
+        if start is None:
+            start = 0.5 * out["batch"][label]["qps"]
+        print(f"  {where}, open loop at the {label} point {kw}:", flush=True)
+        index.stats(reset=True)
+        r = find_rate(
+            lambda rate, kw=kw: open_loop(lambda x: index.search(x, K, **kw)[1], q, gt, rate,
+                                          spec["load_seconds"], spec["workers"],
+                                          spec["queue"], seed=int(rate)),
+            start, spec["max_trials"])
+        st = index.stats()
+        r["reads_per_query"] = st["read_ops"] / max(1, st["queries"])
+        out["load"][label] = r
+    return out
+
+
+def task_memory(spec):
+    """The index fully in RAM (kd.load): recall and QPS over the grid, and the
+    CPU side of every bound."""
+    import knndirect as kd
+    q, gt, warm = _inputs(spec)
+    t = time.perf_counter()
+    index = kd.load(spec["index"])
+    out = {"load_s": time.perf_counter() - t, "info": index.info(), "knndirect": kd.__file__}
+    if spec.get("grid_efs"):
+        out["grid"] = _grid(index, q, gt, spec["grid_efs"], spec["grid_oversamples"])
+    out.update(_measure(index, spec, q, gt, warm, "in RAM"))
+    index.close()
+    return out
+
+
+def task_disk(spec):
+    """The opened index under the cap: single stream, batch, grid, open loop."""
+    import knndirect as kd
+    q, gt, warm = _inputs(spec)
+    t = time.perf_counter()
+    index = kd.open(spec["index"], io_backend=spec["backend"])
+    out = {"open_s": time.perf_counter() - t, "info": index.info(), "knndirect": kd.__file__}
+    if spec.get("grid_efs"):
+        out["grid"] = _grid(index, q, gt, spec["grid_efs"], spec["grid_oversamples"],
+                            count_reads=True)
+    out.update(_measure(index, spec, q, gt, warm, "under the cap"))
+    index.close()
+    return out
+
+
+def task_diskann_build(spec):
+    import diskannpy
+    t = time.perf_counter()
+    diskannpy.build_disk_index(
+        data=spec["bin"], distance_metric="l2", index_directory=spec["dir"],
+        complexity=spec["L"], graph_degree=spec["R"],
+        search_memory_maximum=spec["search_gb"], build_memory_maximum=spec["build_gb"],
+        num_threads=spec["threads"], pq_disk_bytes=0, vector_dtype=np.float32)
+    return {"build_s": time.perf_counter() - t}
+
+
+def task_diskann_search(spec):
+    import diskannpy
+    q, gt, warm = _inputs(spec)
+    t = time.perf_counter()
+    index = diskannpy.StaticDiskIndex(
+        index_directory=spec["dir"], num_threads=2, num_nodes_to_cache=spec["cache_nodes"],
+        cache_mechanism=1, distance_metric="l2", vector_dtype=np.float32,
+        dimensions=q.shape[1])
+    out = {"open_s": time.perf_counter() - t, "points": []}
+    for w in spec["beam_widths"]:
+        for L in spec["Ls"]:
+            io0 = read_proc_io()
+            b = batch_qps(lambda x, L=L, w=w: np.asarray(
+                index.batch_search(x, K, L, 2, w).identifiers, np.int64), q, gt, min_s=0.5)
+            io1 = read_proc_io()
+            passes = b["passes"] + 64 / len(q)
+            b.update({"L": L, "beam_width": w, "kernel_bytes_per_query":
+                      (io1["read_bytes"] - io0["read_bytes"]) / (passes * len(q))})
+            if w == spec["single_beam_width"]:
+                for x in warm:
+                    index.search(x, K, L, w)
+                lat = np.empty(len(q))
+                for i, x in enumerate(q):
+                    t = time.perf_counter()
+                    index.search(x, K, L, w)
+                    lat[i] = time.perf_counter() - t
+                b.update({"p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3})
+            print(f"  diskann L={L} W={w}: recall {b['recall']:.3f} QPS {b['qps']:.0f}",
+                  flush=True)
+            out["points"].append(b)
+    return out
+
+
+TASKS = {"build": task_build, "memory": task_memory, "disk": task_disk,
+         "diskann_build": task_diskann_build, "diskann_search": task_diskann_search}
+
+
+# ---------------------------------------------------------------- parent
+
+def snapshot_package(dest):
+    """Copy the knndirect package (its built extension included) aside, so that
+    every child of this run measures the same build even if the source tree is
+    rebuilt meanwhile. Returns the directory to put on PYTHONPATH, or None."""
+    import importlib.util
+    spec = importlib.util.find_spec("knndirect")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    src = list(spec.submodule_search_locations)[0]
+    root = tempfile.mkdtemp(prefix="snapshot-", dir=dest)
+    atexit.register(shutil.rmtree, root, True)
+    shutil.copytree(src, os.path.join(root, "knndirect"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    r = subprocess.run([sys.executable, "-c", "import knndirect, sys; "
+                        "sys.stdout.write(knndirect.__file__)"],
+                       env=child_env(root), capture_output=True, text=True)
+    return root if r.returncode == 0 and r.stdout.startswith(root) else None
+
+
+def git_state():
+    def git(*a):
+        r = subprocess.run(["git", "-C", REPO, *a], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else None
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "csrc_dirty": bool(git("status", "--porcelain", "csrc"))}
+
+
+def choose_tuned(grid, iops32):
+    """The grid point with recall >= 0.95 whose lower bound, min(I/O bound =
+    QD32 IOPS / shortlist, CPU bound = in-RAM batch QPS), is highest; None if
+    no point reaches 0.95."""
+    ok = [p for p in grid if p["recall"] >= TARGET_RECALL]
+
+    def bound(p):
+        io = iops32 / shortlist(p["oversample"]) if iops32 else float("inf")
+        return min(io, p["qps"])
+    return max(ok, key=bound, default=None)
+
+
+def qps_at_target(points):
+    from report import pareto_front, qps_at_recall
+    pts = [{"recall": p["recall"], "qps": p["qps"], "params": p} for p in points
+           if p.get("qps")]
+    front = pareto_front(pts)
+    return qps_at_recall(front, TARGET_RECALL), front
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--n", type=int, default=None, help="base vectors (default 1,000,000; "
+                    "--quick 100,000)")
+    ap.add_argument("--dim", type=int, default=768)
+    ap.add_argument("--queries", type=int, default=None, help="held-out queries (default "
+                    "1000; --quick 200)")
+    ap.add_argument("--cap-fraction", type=float, default=0.25,
+                    help="memory cap as a fraction of the float32 data (default 0.25)")
+    ap.add_argument("--cap-overhead-mib", type=float, default=300,
+                    help="allowance for Python, numpy and the libraries when the cap is "
+                    "raised to what the index keeps in RAM (default 300)")
+    ap.add_argument("--dir", default=os.path.join(HERE, "data", "disk"),
+                    help="data, ground truth and indexes (a real disk; default "
+                    "benchmarks/data/disk)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--skip-build", action="store_true",
+                    help="reuse the data and indexes in --dir; fail rather than build")
+    ap.add_argument("--rebuild", action="store_true", help="rebuild the indexes")
+    ap.add_argument("--build-only", action="store_true",
+                    help="prepare the data, ground truth and indexes, then stop")
+    ap.add_argument("--peers", default="diskann", help="'diskann' or '' (default diskann)")
+    ap.add_argument("--quick", action="store_true", help="development run: 100k x 768, "
+                    "200 queries, short probes and load trials")
+    ap.add_argument("--m", type=int, default=16)
+    ap.add_argument("--ef-construction", type=int, default=200)
+    ap.add_argument("--build-threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--workers", type=int, default=8, help="open-loop worker threads")
+    ap.add_argument("--queue", type=int, default=64, help="open-loop queue size")
+    ap.add_argument("--load-seconds", type=float, default=None,
+                    help="seconds per open-loop trial (default 20; --quick 4)")
+    ap.add_argument("--max-trials", type=int, default=9, help="open-loop trials per search")
+    ap.add_argument("--probe-seconds", type=int, default=None,
+                    help="seconds per fio probe (default 10; --quick 3)")
+    ap.add_argument("--diskann-R", type=int, default=64)
+    ap.add_argument("--diskann-L", type=int, default=100)
+    ap.add_argument("--diskann-pq-bytes", type=int, default=48,
+                    help="diskann's in-RAM PQ code size per vector (default 48: its PQ "
+                    "training costs about the same per chunk whatever the chunk's width, "
+                    "so more bytes build proportionally slower)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return args
+    args.n = args.n or (100_000 if args.quick else 1_000_000)
+    args.queries = args.queries or (200 if args.quick else 1000)
+    args.load_seconds = args.load_seconds or (4.0 if args.quick else 20.0)
+    args.probe_seconds = args.probe_seconds or (3 if args.quick else 10)
+    if not args.quick and args.n < 500_000:
+        log(f"note: --n {args.n:,} is below the 500k the larger-than-RAM figures call for")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        return worker_main(*args.worker)
+    # SIGTERM unwinds like Ctrl-C: the running child is killed, the cgroup removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    os.makedirs(args.dir, exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)
+    res = {"command": "python benchmarks/bench_disk.py " + " ".join(sys.argv[1:] if argv is None
+                                                                    else argv),
+           "n": args.n, "dim": args.dim, "queries": args.queries, "k": K,
+           "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+                      f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f}"
+                      f" GiB RAM", "kernel": platform.release(),
+           "started": time.strftime("%Y-%m-%d %H:%M"), "loadavg_start": loadavg(),
+           "git": git_state(), "load": {"workers": args.workers, "queue": args.queue,
+                                        "seconds": args.load_seconds,
+                                        "p99_limit_ms": P99_LIMIT_S * 1e3,
+                                        "shed_limit": SHED_LIMIT}}
+    snap = snapshot_package(args.dir)
+    if snap:
+        sys.path.insert(0, snap)
+    import knndirect as kd
+    res["knndirect"] = {"path": kd.__file__, "snapshot": bool(snap), "features": kd.features()}
+    log(f"knndirect from {kd.__file__}" + (" (a snapshot: the whole run measures this build)"
+                                           if snap else ""))
+
+    tag = f"{args.n}x{args.dim}"
+    paths = {"base": os.path.join(args.dir, f"base-{tag}-s{args.seed}.npy"),
+             "queries": os.path.join(args.dir, f"queries-{tag}-s{args.seed}-{args.queries}.npy"),
+             "warm": os.path.join(args.dir, f"warm-{tag}-s{args.seed}.npy"),
+             "gt": os.path.join(args.dir, f"gt-{tag}-s{args.seed}-{args.queries}-k{K}.npy"),
+             "index": os.path.join(args.dir, f"kd-{tag}-s{args.seed}-m{args.m}-"
+                                             f"efc{args.ef_construction}.kdx"),
+             "diskann": os.path.join(args.dir, f"diskann-{tag}-s{args.seed}-R{args.diskann_R}"
+                                               f"-L{args.diskann_L}-pq{args.diskann_pq_bytes}")}
+    if args.skip_build:
+        missing = [p for k, p in paths.items() if k in ("base", "queries", "index")
+                   and not os.path.exists(p)]
+        if missing:
+            raise SystemExit("--skip-build: missing " + ", ".join(missing))
+    base, q = prepare_data(args, paths)
+    data_bytes = args.n * args.dim * 4
+    common = {"queries": paths["queries"], "gt": paths["gt"], "warm": paths["warm"],
+              "index": paths["index"]}
+
+    # -- build (once) ------------------------------------------------------------
+    meta_path = paths["index"] + ".build.json"
+    if args.rebuild or not os.path.exists(paths["index"]):
+        log(f"building knndirect: {args.n:,} x {args.dim}, m={args.m}, "
+            f"ef_construction={args.ef_construction}, {args.build_threads} threads "
+            f"(load {loadavg()})")
+        b = run_child({"task": "build", "base": paths["base"], "index": paths["index"],
+                       "m": args.m, "ef_construction": args.ef_construction,
+                       "threads": args.build_threads}, snapshot=snap)
+        if "error" in b:
+            raise SystemExit("build failed: " + b["error"])
+        b["threads"] = args.build_threads
+        with open(meta_path, "w") as f:
+            json.dump(b, f)
+    build = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+    res["build"] = build
+    if build:
+        log(f"knndirect build: {build['build_s']:.0f} s on {build.get('threads')} threads "
+            f"(load during build {build.get('loadavg_start')} -> {build.get('loadavg_end')})")
+
+    with kd.open(paths["index"]) as ix:
+        info = ix.info()
+    if args.build_only:
+        err = build_diskann(args, paths, base, info, snap) \
+            if "diskann" in args.peers.split(",") else None
+        if err:
+            log(err)
+        log("--build-only: data, ground truth and indexes are in " + args.dir)
+        return 0
+    file_bytes = os.path.getsize(paths["index"])
+    vec_off, vec_len = vector_section(paths["index"])
+    d_os, d_ef = info["default_oversample"], info["default_ef"]
+    res["index"] = {"file_bytes": file_bytes, "vector_section": [vec_off, vec_len],
+                    "data_bytes": data_bytes, **{k: info[k] for k in (
+                        "resident_bytes", "record_size", "alignment", "code_size",
+                        "default_oversample", "default_ef", "m", "ef_construction")}}
+    log(f"index {paths['index']}: {file_bytes / 2**30:.2f} GiB, float32 data "
+        f"{data_bytes / 2**30:.2f} GiB, resident {info['resident_bytes'] / 2**20:.0f} MiB, "
+        f"record {info['record_size']} B, default oversample {d_os}, ef {d_ef}")
+
+    # -- device probe ----------------------------------------------------------------
+    log(f"device probe: fio randread 4 KiB O_DIRECT over the vector section, "
+        f"{args.probe_seconds} s at depth 1 and 32 (load {loadavg()})")
+    qd1 = fio_randread(paths["index"], vec_off, vec_len, 1, args.probe_seconds)
+    qd32 = fio_randread(paths["index"], vec_off, vec_len, 32, args.probe_seconds)
+    res["device"] = {"qd1": qd1, "qd32": qd32, "loadavg": loadavg()}
+    log(f"  depth 1: {qd1}\n  depth 32: {qd32}")
+    qd1_us = qd1.get("lat_mean_us")
+    iops32 = qd32.get("iops")
+
+    # -- the cap ---------------------------------------------------------------------
+    root = os.geteuid() == 0
+    cg, cap = None, None
+    floor = info["resident_bytes"] + int(args.cap_overhead_mib * 2**20)
+    cap = max(int(args.cap_fraction * data_bytes), floor)
+    res["cap"] = {"fraction": args.cap_fraction, "fraction_bytes":
+                  int(args.cap_fraction * data_bytes), "floor_bytes": floor,
+                  "cap_bytes": cap, "resident_bytes": info["resident_bytes"],
+                  "overhead_bytes": int(args.cap_overhead_mib * 2**20)}
+    if not root:
+        log("NOT root: no memory cap and no page-cache drops; every figure is uncapped and "
+            "warm, and the results say so")
+        res["cap"]["error"] = "not root"
+    else:
+        try:
+            cg = Cgroup(f"knndirect_bench_disk_{os.getpid()}")
+            cg.set_limit(cap)
+            res["cap"].update({"cgroup_version": cg.version, "cgroup": cg.path})
+            log(f"memory cap: cgroup v{cg.version} {cg.path}, limit {cap / 2**20:.0f} MiB "
+                f"(page cache included) = max({args.cap_fraction} x float32 data "
+                f"{data_bytes / 2**20:.0f} MiB = {args.cap_fraction * data_bytes / 2**20:.0f}"
+                f" MiB, resident {info['resident_bytes'] / 2**20:.0f} MiB + "
+                f"{args.cap_overhead_mib:.0f} MiB for Python = {floor / 2**20:.0f} MiB); "
+                f"the float32 data is {data_bytes / cap:.1f}x the cap")
+            if cap > 0.25 * data_bytes:
+                log("  note: the cap is above 1/4 of the data (the index's RAM part needs it)")
+            log("before every configuration: sync; echo 3 > /proc/sys/vm/drop_caches")
+        except OSError as e:
+            log(f"no memory cgroup ({e}): uncapped")
+            res["cap"]["error"] = str(e)
+            cg = None
+    res["cap"]["effective"] = cg is not None
+
+    def capped(spec, label):
+        log(f"[{label}] under the cap (load {loadavg()})")
+        out = run_child(spec, cgroup=cg, snapshot=snap, drop=root)
+        m = out.get("memory")
+        if m:
+            log(f"  memory: peak {m['peak_bytes'] / 2**20:.0f} MiB of the "
+                f"{m['limit_bytes'] / 2**20:.0f} MiB cap (at most page cache "
+                f"{m['max_cache_bytes'] / 2**20:.0f} MiB, anonymous "
+                f"{m['max_anon_bytes'] / 2**20:.0f} MiB; limit reached {m['limit_hits']} times)")
+        if "error" in out:
+            log(f"  ERROR: {out['error']}")
+        return out
+
+    efs = sorted(set(GRID_EFS_QUICK if args.quick else GRID_EFS) | {d_ef})
+    oversamples = sorted(set(OVERSAMPLES_QUICK if args.quick else OVERSAMPLES) | {d_os})
+    load_kw = dict(load_seconds=args.load_seconds, workers=args.workers, queue=args.queue,
+                   max_trials=args.max_trials)
+    try:
+        # -- in RAM: recall and QPS over the grid, then the operating points --------
+        log(f"[in RAM] kd.load, no cap: grid of ef {efs} x oversample {oversamples} "
+            f"(load {loadavg()})")
+        mem = run_child(dict(common, task="memory", grid_efs=efs, grid_oversamples=oversamples),
+                        snapshot=snap, drop=root)
+        if "error" in mem:
+            raise SystemExit("in-RAM run failed: " + mem["error"])
+        tuned = choose_tuned(mem["grid"], iops32)
+        points = {"default": {"ef": None, "oversample": None}}
+        if tuned and (tuned["ef"], tuned["oversample"]) != (d_ef, d_os):
+            points["tuned"] = {"ef": tuned["ef"], "oversample": tuned["oversample"]}
+        res["points"] = {"default": {"ef": d_ef, "oversample": d_os},
+                         **({"tuned": points["tuned"]} if "tuned" in points else {})}
+        d_rec = next(p["recall"] for p in mem["grid"]
+                     if p["ef"] == d_ef and p["oversample"] == d_os)
+        log(f"  default point ef {d_ef}, oversample {d_os}: recall {d_rec:.4f}; "
+            + (f"tuned point (recall >= {TARGET_RECALL}, highest min(I/O, CPU) bound): ef "
+               f"{tuned['ef']}, oversample {tuned['oversample']}, recall "
+               f"{tuned['recall']:.4f}" if tuned else
+               f"no grid point reaches recall {TARGET_RECALL}"))
+        log(f"[in RAM] single stream, batch and open loop at {list(points)} (load {loadavg()})")
+        mem2 = run_child(dict(common, task="memory", points=points,
+                              load={label: None for label in points}, **load_kw),
+                         snapshot=snap, drop=root)
+        if "error" in mem2:
+            raise SystemExit("in-RAM run failed: " + mem2["error"])
+        mem.update({k: mem2[k] for k in ("single", "batch", "load")})
+        res["memory"] = mem
+        for label in points:
+            x = mem["single"][label]
+            log(f"  {label}: p50 {x['p50_ms']:.3f} ms, p99 {x['p99_ms']:.3f} ms, recall "
+                f"{x['recall']:.4f}, batch {mem['batch'][label]['qps']:.0f} q/s, open loop "
+                f"{mem['load'][label]['sustainable_rate']:.0f}/s")
+
+        # -- single stream per backend under the cap ----------------------------------
+        singles = {}
+        for backend in BACKENDS:
+            out = capped(dict(common, task="disk", backend=backend, points=points),
+                         f"single stream and batch, {backend}")
+            singles[backend] = out
+            for label, x in out.get("single", {}).items():
+                log(f"  {backend} {label}: p50 {x['p50_ms']:.3f} ms, p99 {x['p99_ms']:.3f} ms, "
+                    f"recall {x['recall']:.4f}, {x['reads_per_query']:.1f} reads/query, "
+                    f"{x['bytes_per_query'] / 1024:.1f} KiB/query (kernel "
+                    f"{x['kernel_bytes_per_query'] / 1024:.1f} KiB), graph "
+                    f"{x['graph_ms_per_query']:.3f} ms, I/O wait {x['io_wait_ms_per_query']:.3f}"
+                    f" ms; batch {out.get('batch', {}).get(label, {}).get('qps', 0):.0f} q/s")
+        res["single"] = singles
+
+        # -- batch grid under the cap (io_uring) --------------------------------------
+        res["grid"] = capped(dict(common, task="disk", backend="io_uring", grid_efs=efs,
+                                  grid_oversamples=oversamples),
+                             "batch grid, io_uring, 2 threads")
+
+        # -- open loop under the cap (io_uring) ---------------------------------------
+        loads = {}
+        for label, point in res["points"].items():
+            reads = shortlist(point["oversample"])
+            io_bound = iops32 / reads if iops32 else None
+            cpu_bound = mem["batch"][label]["qps"]
+            start = 0.5 * min(b for b in (io_bound, cpu_bound) if b)
+            out = capped(dict(common, task="disk", backend="io_uring", points=points,
+                              batch=False, single=False, load={label: start}, **load_kw),
+                         f"open loop, {label} point")
+            out["io_bound"], out["cpu_bound"] = io_bound, cpu_bound
+            loads[label] = out
+        res["load_disk"] = loads
+
+        # -- diskannpy under the cap ---------------------------------------------------
+        res["diskann"] = run_diskann(args, paths, base, info, cg, cap, snap, root) \
+            if "diskann" in args.peers.split(",") else {"skipped": "not asked (--peers)"}
+    finally:
+        if cg:
+            cg.remove()
+    res["loadavg_end"] = loadavg()
+    res["finished"] = time.strftime("%Y-%m-%d %H:%M")
+    res["summary"] = summarize(res)
+    write_results(res, args.out)
+    return 0
+
+
+def diskann_params(args, info):
+    """diskann keeps its PQ codes in RAM (pq_bytes per vector: diskann derives
+    the chunk count from search_memory_maximum / n) and a cache of graph nodes
+    (about one 4 KiB sector each). The cache takes what knndirect's RAM part
+    takes beyond the PQ codes, so both hold about the same in RAM."""
+    pq = args.diskann_pq_bytes
+    search_gb = (pq + 0.5) * args.n / 2**30
+    cache_nodes = max(1000, int((info["resident_bytes"] - pq * args.n) // 4096)) \
+        if info else None
+    return {"R": args.diskann_R, "L_build": args.diskann_L, "search_memory_maximum_gb": search_gb,
+            "pq_bytes": pq, "cache_nodes": cache_nodes, "pq_disk_bytes": 0}
+
+
+def build_diskann(args, paths, base, info, snap):
+    """Build diskann's disk index once (cached in --dir). Returns an error
+    string, or None."""
+    d = paths["diskann"]
+    done_flag = os.path.join(d, "build.json")
+    if os.path.exists(done_flag) and not args.rebuild:
+        return None
+    try:
+        import diskannpy  # noqa: F401
+    except Exception as e:
+        return f"diskannpy cannot be imported ({e})"
+    p = diskann_params(args, info)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    binp = os.path.join(args.dir, f"diskann-base-{args.n}x{args.dim}.bin")
+    write_diskann_bin(base, binp)
+    build_gb = max(4.0, 2.5 * args.n * args.dim * 4 / 2**30)
+    log(f"building diskann: R={p['R']}, L={p['L_build']}, search memory "
+        f"{p['search_memory_maximum_gb']:.3f} GB ({p['pq_bytes']} PQ bytes/vector), "
+        f"build memory {build_gb:.1f} GB, {args.build_threads} threads "
+        f"(load {loadavg()})")
+    b = run_child({"task": "diskann_build", "bin": binp, "dir": d, "R": p["R"],
+                   "L": p["L_build"], "search_gb": p["search_memory_maximum_gb"],
+                   "build_gb": build_gb, "threads": args.build_threads}, snapshot=snap)
+    os.remove(binp)
+    if "error" in b:
+        return "diskann build failed: " + b["error"]
+    b["threads"] = args.build_threads
+    with open(done_flag, "w") as f:
+        json.dump(b, f)
+    log(f"diskann build: {b['build_s']:.0f} s")
+    return None
+
+
+def run_diskann(args, paths, base, info, cg, cap, snap, root):
+    try:
+        import importlib.metadata as md
+        version = md.version("diskannpy")
+    except Exception as e:
+        return {"skipped": f"diskannpy not installed ({e})"}
+    d = paths["diskann"]
+    out = dict(diskann_params(args, info), version=version)
+    done_flag = os.path.join(d, "build.json")
+    if args.skip_build and not os.path.exists(done_flag):
+        return dict(out, skipped=f"--skip-build and no diskann index at {d}")
+    err = build_diskann(args, paths, base, info, snap)
+    if err:
+        return dict(out, skipped=err)
+    out["build"] = json.load(open(done_flag))
+    log(f"diskann build: {out['build']['build_s']:.0f} s")
+    out["index_bytes"] = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+    cache_nodes = out["cache_nodes"]
+    Ls = [10, 15, 20, 30, 40, 50, 70, 100, 150, 200]
+    spec = {"task": "diskann_search", "dir": d, "queries": paths["queries"], "gt": paths["gt"],
+            "warm": paths["warm"], "Ls": Ls, "beam_widths": [2, 4, 8],
+            "single_beam_width": 4, "cache_nodes": cache_nodes}
+    log(f"[diskann search] under the cap (load {loadavg()})")
+    r = run_child(spec, cgroup=cg, snapshot=snap, drop=root)
+    out.update(r)
+    if "error" in r:
+        out["skipped"] = "diskann search failed: " + r["error"]
+    return out
+
+
+# ---------------------------------------------------------------- summary and report
+
+def summarize(res):
+    """The figures the targets are judged on, and the verdicts."""
+    s = {"points": {}}
+    dev = res["device"]
+    qd1_us = dev["qd1"].get("lat_mean_us")
+    info = res["index"]
+    rec = info["record_size"]
+    t = []
+    for label, point in res["points"].items():
+        name = f"{label} point (ef {point['ef']}, oversample {point['oversample']:g})"
+        uring = res["single"]["io_uring"].get("single", {}).get(label)
+        pread = res["single"]["pread"].get("single", {}).get(label)
+        mem = res["memory"]["single"].get(label)
+        sp = s["points"][label] = {}
+        if uring:
+            ideal = uring["rerank_per_query"] * rec
+            ratio = uring["bytes_per_query"] / ideal
+            kratio = uring["kernel_bytes_per_query"] / ideal
+            worst = max(ratio, kratio)
+            sp["read_volume"] = {"bytes_per_query": uring["bytes_per_query"],
+                                 "kernel_bytes_per_query": uring["kernel_bytes_per_query"],
+                                 "ideal": ideal, "ratio": ratio, "kernel_ratio": kratio}
+            t.append((f"Read volume ≤ 1.1 × shortlist × record_size, io_uring, {name}",
+                      f"{uring['bytes_per_query'] / 1024:.1f} KiB counted, "
+                      f"{uring['kernel_bytes_per_query'] / 1024:.1f} KiB by the kernel, ideal "
+                      f"{ideal / 1024:.1f} KiB: {worst:.3f}×", worst <= TARGETS["read_volume"]))
+        if uring and pread:
+            ratio = pread["p50_ms"] / uring["p50_ms"]
+            sp["uring_vs_pread"] = ratio
+            t.append((f"Single stream: io_uring p50 ≥ 3× lower than pread, {name}",
+                      f"{uring['p50_ms']:.2f} ms vs {pread['p50_ms']:.2f} ms: {ratio:.2f}×",
+                      ratio >= TARGETS["uring_vs_pread"]))
+        if uring and mem and qd1_us:
+            ov = uring["p50_ms"] - mem["p50_ms"]
+            sp["rerank_overhead_ms"] = ov
+            sp["rerank_overhead_vs_qd1"] = ov * 1e3 / qd1_us
+            t.append((f"Rerank overhead (p50 capped − p50 in RAM) ≤ 2× the device's QD1 "
+                      f"latency, {name}",
+                      f"{uring['p50_ms']:.3f} − {mem['p50_ms']:.3f} = {ov:.3f} ms = "
+                      f"{ov * 1e3 / qd1_us:.1f}× {qd1_us:.0f} µs",
+                      ov * 1e3 <= TARGETS["overhead_vs_qd1"] * qd1_us))
+        out = res["load_disk"].get(label, {})
+        r = out.get("load", {}).get(label)
+        if r:
+            bound = min(b for b in (out["io_bound"], out["cpu_bound"]) if b)
+            frac = r["sustainable_rate"] / bound
+            which = "I/O" if out["io_bound"] and out["io_bound"] <= out["cpu_bound"] else "CPU"
+            sp["load"] = {"rate": r["sustainable_rate"], "bound": bound, "fraction": frac,
+                          "binding": which, "io_bound": out["io_bound"],
+                          "cpu_bound": out["cpu_bound"]}
+            t.append((f"Throughput: sustainable rate ≥ 70% of min(I/O bound, CPU bound), "
+                      f"{name}",
+                      f"{r['sustainable_rate']:.0f}/s vs the {which} bound {bound:.0f}/s "
+                      f"(I/O {fmt(out['io_bound'], '.0f')}/s, CPU {out['cpu_bound']:.0f}/s): "
+                      f"{frac:.0%}", frac >= TARGETS["load_vs_bound"]))
+    d = res["points"]["default"]
+    d_rec = res["memory"]["single"]["default"]["recall"]
+    t.append((f"SPEC: the default search (ef {d['ef']}, oversample {d['oversample']:g}) reaches "
+              f"recall@10 ≥ 0.95", f"{d_rec:.4f}", d_rec >= TARGET_RECALL))
+    grid = res.get("grid", {}).get("grid", [])
+    kd_qps, kd_front = qps_at_target(grid) if grid else (None, [])
+    s["knndirect_qps_at_095"] = kd_qps
+    s["knndirect_front"] = [{"recall": p["recall"], "qps": p["qps"], "ef": p["params"]["ef"],
+                             "oversample": p["params"]["oversample"]} for p in kd_front]
+    da = res.get("diskann", {})
+    if da.get("points") and not da.get("skipped"):
+        da_qps, da_front = qps_at_target(da["points"])
+        s["diskann_qps_at_095"] = da_qps
+        s["diskann_front"] = [{"recall": p["recall"], "qps": p["qps"], "L": p["params"]["L"],
+                               "beam_width": p["params"]["beam_width"]} for p in da_front]
+        if kd_qps and da_qps:
+            ratio = kd_qps / da_qps
+            s["vs_diskann"] = ratio
+            t.append(("Against diskannpy: QPS at recall@10 = 0.95 under the same cap ≥ 1.0× "
+                      "(aim 2×), batch, 2 threads",
+                      f"{kd_qps:.0f} vs {da_qps:.0f} q/s: {ratio:.2f}×"
+                      + (" (the 2× aim met)" if ratio >= TARGETS["vs_diskann_aim"]
+                         else " (the 2× aim not met)"), ratio >= TARGETS["vs_diskann"]))
+        else:
+            t.append(("Against diskannpy: QPS at recall@10 = 0.95",
+                      f"knndirect {fmt(kd_qps, '.0f')}, diskannpy {fmt(da_qps, '.0f')} q/s "
+                      "(– = 0.95 not reached in its sweep)", None))
+    s["targets"] = [{"target": a, "measured": b, "pass": c} for a, b, c in t]
+    s["cap_effective"] = bool(res["cap"].get("effective"))
+    return s
+
+
+def fmt(x, spec=".2f", none="–"):
+    return none if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def markdown(res):
+    s = res["summary"]
+    info, cap, dev = res["index"], res["cap"], res["device"]
+    qd1, qd32 = dev["qd1"], dev["qd32"]
+    qd1_us = qd1.get("lat_mean_us")
+    iops32 = qd32.get("iops")
+    points = res["points"]
+    mem = res["memory"]
+    rec = info["record_size"]
+    gib, mib = 2**30, 2**20
+    L = []
+    add = L.append
+
+    def xqd1(ms):
+        return fmt(ms * 1e3 / qd1_us if qd1_us else None, ".1f") + "×"
+
+    add(f"knndirect under a memory cap, {res['n']:,} × {res['dim']} float32 clustered "
+        f"(l2, k = {K}, {res['queries']:,} held-out queries, exact ground truth), "
+        f"m = {info['m']}, ef_construction = {info['ef_construction']}; {res['machine']}, "
+        f"kernel {res['kernel']}; {res['started']} – {res['finished']}.")
+    add("")
+    if cap.get("effective"):
+        capline = (f"cgroup v{cap['cgroup_version']} memory limit {cap['cap_bytes'] / mib:.0f} "
+                   f"MiB (page cache included) against {info['data_bytes'] / gib:.2f} GiB of "
+                   f"float32 data ({cap['cap_bytes'] / info['data_bytes']:.0%}; the index file "
+                   f"is {info['file_bytes'] / gib:.2f} GiB); the opened index keeps "
+                   f"{info['resident_bytes'] / mib:.0f} MiB in RAM (graph, codes, ids); page "
+                   f"cache dropped before every configuration")
+    else:
+        capline = f"NO memory cap ({cap.get('error')}): every figure is uncapped"
+    add(f"- Memory: {capline}.")
+    b = res.get("build", {})
+    if b:
+        add(f"- Build: {b['build_s']:.0f} s ({b['build_s'] / 60:.0f} min) on "
+            f"{b.get('threads')} threads, load average {b.get('loadavg_start')} at its start.")
+    busy = max(res["loadavg_start"][0], res["loadavg_end"][0]) > 2.5
+    add(f"- Machine load (1/5/15-min load averages): {res['loadavg_start']} at the start, "
+        f"{res['loadavg_end']} at the end; "
+        + ("the machine was shared with other work during the run" if busy else
+           "the machine was otherwise quiet") + "; each configuration's own figures are in "
+        "disk.json.")
+    pts = "; ".join(f"**{label}**: ef {p['ef']}, oversample {p['oversample']:g} (shortlist "
+                    f"{shortlist(p['oversample'])})" for label, p in points.items())
+    add(f"- Operating points: {pts}. The tuned point is the grid point with recall@10 ≥ "
+        f"{TARGET_RECALL} whose lower bound min(I/O bound, CPU bound) is highest.")
+    add(f"- Vector record {rec} B, read alignment {info['alignment']} B.")
+    add("")
+    add("**Device** (fio, random 4 KiB reads, O_DIRECT, over the index's vector section)")
+    add("")
+    add("| queue depth | engine | IOPS | mean latency | p50 | p99 |")
+    add("| --- | --- | --- | --- | --- | --- |")
+    for p in (qd1, qd32):
+        if "error" in p:
+            add(f"| – | – | {p['error']} | | | |")
+        else:
+            add(f"| {p['depth']} | {p['engine']} | {p['iops']:,.0f} | {p['lat_mean_us']:.0f} µs"
+                f" | {p['clat_p50_us']:.0f} µs | {p['clat_p99_us']:.0f} µs |")
+    add("")
+    add(f"**Single stream** ({res['queries']:,} queries one at a time; latency also in "
+        f"multiples of the device's QD1 latency, {fmt(qd1_us, '.0f')} µs; per query: reads, "
+        f"bytes as the index counts them against the ideal shortlist × record_size, bytes "
+        f"the kernel read for the process (/proc/self/io), graph-search time and I/O wait; "
+        f"batch = all queries in one call, 2 threads)")
+    add("")
+    add("| point | backend | recall@10 | p50 | p99 | p50 / QD1 | reads | KiB (ideal) | kernel "
+        "KiB | graph | I/O wait | batch q/s | peak memory |")
+    add("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for label in points:
+        x = mem["single"][label]
+        add(f"| {label} | in RAM (kd.load, no cap) | {x['recall']:.4f} | {x['p50_ms']:.3f} ms | "
+            f"{x['p99_ms']:.3f} ms | {xqd1(x['p50_ms'])} | – | – | – | "
+            f"{x['graph_ms_per_query']:.3f} ms | – | {mem['batch'][label]['qps']:,.0f} | – |")
+        for backend in BACKENDS:
+            out = res["single"][backend]
+            x = out.get("single", {}).get(label)
+            if not x:
+                add(f"| {label} | {backend} | error: {out.get('error')} |" + " |" * 10)
+                continue
+            m = out.get("memory") or {}
+            how = "page cache, cold" if backend == "mmap" else "O_DIRECT"
+            add(f"| {label} | {backend} ({how}) | {x['recall']:.4f} | {x['p50_ms']:.3f} ms | "
+                f"{x['p99_ms']:.3f} ms | {xqd1(x['p50_ms'])} | {x['reads_per_query']:.0f} | "
+                f"{x['bytes_per_query'] / 1024:.0f} ({x['rerank_per_query'] * rec / 1024:.0f}) | "
+                f"{x['kernel_bytes_per_query'] / 1024:.0f} | {x['graph_ms_per_query']:.3f} ms | "
+                f"{x['io_wait_ms_per_query']:.3f} ms | "
+                f"{out.get('batch', {}).get(label, {}).get('qps', 0):,.0f} | "
+                f"{fmt(m.get('peak_bytes', 0) / mib, '.0f')} MiB |")
+    add("")
+    for label in points:
+        sp = s["points"][label]
+        if "rerank_overhead_ms" not in sp:
+            continue
+        u = res["single"]["io_uring"]["single"][label]
+        m = mem["single"][label]
+        add(f"**Rerank overhead, {label} point** (io_uring under the cap − the same index in "
+            f"RAM, p50): {u['p50_ms']:.3f} − {m['p50_ms']:.3f} = **{sp['rerank_overhead_ms']:.3f}"
+            f" ms** = {sp['rerank_overhead_vs_qd1']:.1f}× the device's QD1 latency "
+            f"({qd1_us:.0f} µs), for {u['reads_per_query']:.0f} reads issued as one batch "
+            f"(serially ~{u['reads_per_query'] * qd1_us / 1e3:.1f} ms). Means per query "
+            f"from the index's counters: graph search {u['graph_ms_per_query']:.3f} ms "
+            f"(in RAM {m['graph_ms_per_query']:.3f} ms), I/O wait "
+            f"{u['io_wait_ms_per_query']:.3f} ms. The device's own latency at depth 32 is "
+            f"{fmt(qd32.get('lat_mean_us'), '.0f')} µs mean, "
+            f"{fmt(qd32.get('clat_p99_us'), '.0f')} µs p99.")
+        add("")
+    grid_ram = mem.get("grid", [])
+    grid_cap = res.get("grid", {}).get("grid", [])
+    if grid_ram:
+        efs = sorted({p["ef"] for p in grid_ram})
+        oss = sorted({p["oversample"] for p in grid_ram})
+        cell = {(p["ef"], p["oversample"]): p for p in grid_ram}
+        ccell = {(p["ef"], p["oversample"]): p for p in grid_cap}
+        add("**Grid** (batch of all queries, 2 threads): recall@10, then q/s in RAM / q/s "
+            "under the cap with io_uring")
+        add("")
+        add("| ef \\ oversample | " + " | ".join(f"{o:g}" for o in oss) + " |")
+        add("| --- |" + " --- |" * len(oss))
+        for e in efs:
+            add(f"| {e} | " + " | ".join(
+                (f"{cell[(e, o)]['recall']:.3f}" if (e, o) in cell else "") for o in oss) + " |")
+        add("")
+        add("| ef \\ oversample | " + " | ".join(f"{o:g}" for o in oss) + " |")
+        add("| --- |" + " --- |" * len(oss))
+        for e in efs:
+            add(f"| {e} | " + " | ".join(
+                (f"{cell[(e, o)]['qps']:,.0f} / "
+                 f"{fmt(ccell[(e, o)]['qps'] if (e, o) in ccell else None, ',.0f')}"
+                 if (e, o) in cell else "") for o in oss) + " |")
+        add("")
+        add("I/O bound (QD32 IOPS / shortlist): " + ", ".join(
+            f"{o:g} → {iops32 / shortlist(o):,.0f}/s" for o in oss) + "." if iops32 else "")
+        add("")
+    add(f"**Open-loop load** (Poisson arrivals, {res['load']['workers']} worker threads, queue "
+        f"{res['load']['queue']}, shedding when full; {res['load']['seconds']:g} s per trial; "
+        f"latency from the intended arrival; sustainable = the highest rate with p99 ≤ "
+        f"{res['load']['p99_limit_ms']:.0f} ms and ≤ {res['load']['shed_limit']:.1%} shed)")
+    add("")
+    add("| point | where | sustainable rate | p50 / p99 there | shed | recall@10 | I/O bound | "
+        "CPU bound (in-RAM batch) | rate / min(bounds) |")
+    add("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for label in points:
+        out = res["load_disk"].get(label, {})
+        r = out.get("load", {}).get(label)
+        sp = s["points"][label].get("load")
+        if r:
+            a = r["at_rate"] or {}
+            add(f"| {label} | under the cap, io_uring | **{r['sustainable_rate']:,.0f}/s** | "
+                f"{fmt(a.get('p50_ms'))} / {fmt(a.get('p99_ms'))} ms | "
+                f"{fmt(a.get('shed_fraction'), '.2%')} | {fmt(a.get('recall'), '.4f')} | "
+                f"{fmt(out['io_bound'], ',.0f')}/s | {out['cpu_bound']:,.0f}/s | "
+                f"{sp['fraction']:.0%} ({sp['binding']}-bound) |")
+        else:
+            add(f"| {label} | under the cap | error: {out.get('error')} | | | | | | |")
+        rm = mem.get("load", {}).get(label)
+        if rm:
+            a = rm["at_rate"] or {}
+            cpu = mem["batch"][label]["qps"]
+            add(f"| {label} | in RAM (the same generator, no I/O) | "
+                f"{rm['sustainable_rate']:,.0f}/s | {fmt(a.get('p50_ms'))} / "
+                f"{fmt(a.get('p99_ms'))} ms | {fmt(a.get('shed_fraction'), '.2%')} | "
+                f"{fmt(a.get('recall'), '.4f')} | – | {cpu:,.0f}/s | "
+                f"{rm['sustainable_rate'] / cpu:.0%} of the CPU bound |")
+    add("")
+    da = res.get("diskann", {})
+    add("**Against diskannpy** (same data, same cap, page cache dropped; batch search with "
+        "2 threads; QPS at recall@10 = 0.95 interpolated in log-QPS on each Pareto front, as "
+        "benchmarks/report.py does)")
+    add("")
+    if da.get("skipped") or not da.get("points"):
+        add(f"diskannpy skipped: {da.get('skipped', da.get('error'))}")
+    else:
+        bs = da["build"]["build_s"]
+        add(f"diskannpy {da['version']} disk index: R = {da['R']}, build L = {da['L_build']}, "
+            f"full-precision vectors on disk (pq_disk_bytes = 0), {da['pq_bytes']} B of PQ "
+            f"code per vector in RAM and {da['cache_nodes']:,} graph nodes cached (together "
+            f"about what knndirect keeps in RAM); build {bs:.0f} s ({bs / 60:.0f} min, "
+            f"{da['build'].get('threads')} threads); index {da['index_bytes'] / gib:.2f} GiB; "
+            f"peak memory {fmt((da.get('memory') or {}).get('peak_bytes', 0) / mib, '.0f')} "
+            f"MiB. Swept: search L × beam width W.")
+        add("")
+        add("| system | QPS at recall 0.95 (batch, 2 threads) | Pareto front (recall: q/s) | "
+            "best single-stream p50 at recall ≥ 0.95 |")
+        add("| --- | --- | --- | --- |")
+        kd_front = ", ".join(f"{p['recall']:.3f}: {p['qps']:,.0f}" for p in
+                             s.get("knndirect_front", []) if p["recall"] >= 0.85)
+        da_front = ", ".join(f"{p['recall']:.3f}: {p['qps']:,.0f}" for p in
+                             s.get("diskann_front", []) if p["recall"] >= 0.85)
+        da_single = min((p for p in da["points"] if "p50_ms" in p
+                         and p["recall"] >= TARGET_RECALL), key=lambda p: p["p50_ms"],
+                        default=None)
+        uring = res["single"]["io_uring"].get("single", {})
+        kd_single = min(((lab, x) for lab, x in uring.items() if x["recall"] >= TARGET_RECALL),
+                        key=lambda lx: lx[1]["p50_ms"], default=None)
+        add(f"| knndirect (io_uring) | **{fmt(s.get('knndirect_qps_at_095'), ',.0f')}** | "
+            f"{kd_front} | "
+            + (f"{kd_single[1]['p50_ms']:.3f} ms ({kd_single[0]} point)" if kd_single else "–")
+            + " |")
+        add(f"| diskannpy | **{fmt(s.get('diskann_qps_at_095'), ',.0f')}** | {da_front} | "
+            + (f"{da_single['p50_ms']:.3f} ms (L = {da_single['L']}, W = "
+               f"{da_single['beam_width']})" if da_single else "–") + " |")
+        if s.get("vs_diskann"):
+            add("")
+            add(f"knndirect / diskannpy at recall 0.95: **{s['vs_diskann']:.2f}×**.")
+    add("")
+    rows = [(f"single stream, {b}", res["single"][b]) for b in BACKENDS]
+    rows += [("batch grid, io_uring", res.get("grid", {}))]
+    rows += [(f"open loop, {label} point", x) for label, x in res["load_disk"].items()]
+    rows += [("diskannpy search", da)]
+    rows = [(label, x["memory"]) for label, x in rows if x.get("memory")]
+    if rows:
+        add("**The cap at work** (the children's memory cgroup, sampled every 50 ms; the "
+            "limit counts page cache and anonymous memory together)")
+        add("")
+        add("| configuration | peak | cap | page cache (max) | anonymous (max) | "
+            "times the limit was reached |")
+        add("| --- | --- | --- | --- | --- | --- |")
+        for label, m in rows:
+            add(f"| {label} | {m['peak_bytes'] / mib:.0f} MiB | {m['limit_bytes'] / mib:.0f} MiB"
+                f" | {m['max_cache_bytes'] / mib:.0f} MiB | {m['max_anon_bytes'] / mib:.0f} MiB | "
+                f"{m['limit_hits']:,} |")
+        add("")
+    add("**Targets**")
+    add("")
+    add("| target | measured | verdict |")
+    add("| --- | --- | --- |")
+    for t in s["targets"]:
+        v = "pass" if t["pass"] else ("fail" if t["pass"] is False else "n/a")
+        add(f"| {t['target']} | {t['measured']} | **{v}** |")
+    add("")
+    add(f"Command: `{res['command']}` (as root, for the cgroup and the cache drops).")
+    return "\n".join(L)
+
+
+def write_results(res, out_dir):
+    text = markdown(res)
+    with open(os.path.join(out_dir, "disk.json"), "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    with open(os.path.join(out_dir, "disk.md"), "w") as f:
+        f.write("# Larger than RAM\n\n" + text + "\n")
+    print()
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
