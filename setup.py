@@ -66,7 +66,9 @@ if os.environ.get("KNNDIRECT_SANITIZE"):
     # e.g. KNNDIRECT_SANITIZE=address,undefined (run Python with the runtime
     # preloaded: LD_PRELOAD=$(gcc -print-file-name=libasan.so)); linking with
     # the flag too brings in the runtimes the preload does not (libubsan).
-    extra_compile_args += ["-fsanitize=" + os.environ["KNNDIRECT_SANITIZE"], "-g", "-O1",
+    # KNNDIRECT_SANITIZE_OPT picks the optimization level (default -O1).
+    extra_compile_args += ["-fsanitize=" + os.environ["KNNDIRECT_SANITIZE"], "-g",
+                           os.environ.get("KNNDIRECT_SANITIZE_OPT", "-O1"),
                            "-fno-omit-frame-pointer"]
     extra_link_args += ["-fsanitize=" + os.environ["KNNDIRECT_SANITIZE"]]
 

@@ -31,6 +31,17 @@ except OSError:  # pragma: no cover
     _libc = None
 
 
+def _asan_loaded():
+    with open("/proc/self/maps") as f:
+        return "libasan" in f.read()
+
+
+# Under AddressSanitizer freed memory waits in a quarantine and the allocator
+# maps its own regions: resident memory and mappings say nothing there, so
+# only descriptors and threads are compared (LeakSanitizer does the rest).
+ASAN = _asan_loaded()
+
+
 def _rss():
     """Resident memory in bytes, after handing free heap back to the system."""
     gc.collect()
@@ -43,9 +54,11 @@ def _rss():
 def _counts():
     with open("/proc/self/status") as f:
         threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
-    with open("/proc/self/maps") as f:
-        maps = sum(1 for _ in f)
-    return {"fds": len(os.listdir("/proc/self/fd")), "threads": threads, "maps": maps}
+    counts = {"fds": len(os.listdir("/proc/self/fd")), "threads": threads}
+    if not ASAN:
+        with open("/proc/self/maps") as f:
+            counts["maps"] = sum(1 for _ in f)
+    return counts
 
 
 def _wait_flat(before):
@@ -96,7 +109,7 @@ def test_100k_searches_keep_memory_and_descriptors_flat(small):
     direct.close()
     grown = (rss1 - rss0) / 2**20
     print("100k searches in %.1f s; RSS %+.2f MiB; %s -> %s" % (took, grown, c0, c1))
-    assert grown < 4, "RSS grew by %.2f MiB over 100k searches" % grown
+    assert ASAN or grown < 4, "RSS grew by %.2f MiB over 100k searches" % grown
     assert c1 == c0, "descriptors, threads or mappings changed: %s -> %s" % (c0, c1)
 
 
@@ -152,7 +165,7 @@ def test_1k_open_close_cycles_release_everything(small):
     rss1, c1 = _rss(), _wait_flat(c0)
     grown = (rss1 - rss0) / 2**20
     print("1k open/close: RSS %+.2f MiB; %s -> %s" % (grown, c0, c1))
-    assert grown < 4, "RSS grew by %.2f MiB over 1k open/close cycles" % grown
+    assert ASAN or grown < 4, "RSS grew by %.2f MiB over 1k open/close cycles" % grown
     assert c1 == c0, "descriptors, threads or mappings changed: %s -> %s" % (c0, c1)
 
 
@@ -173,13 +186,8 @@ def test_1k_loads_and_dropped_indexes_release_everything(small, tmp_path):
             del o
     rss1, c1 = _rss(), _wait_flat(c0)
     grown = (rss1 - rss0) / 2**20
-    assert grown < 4, "RSS grew by %.2f MiB over 1k loads" % grown
+    assert ASAN or grown < 4, "RSS grew by %.2f MiB over 1k loads" % grown
     assert c1 == c0, "%s -> %s" % (c0, c1)
-
-
-def _asan_loaded():
-    with open("/proc/self/maps") as f:
-        return "libasan" in f.read()
 
 
 LSAN_CHILD = textwrap.dedent("""
@@ -237,12 +245,15 @@ LSAN_CHILD = textwrap.dedent("""
 def test_binding_under_leak_sanitizer(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
                ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=0:"
+                            "fast_unwind_on_malloc=0:malloc_context_size=40:"
                             "log_path=" + str(tmp_path / "lsan"),
                LSAN_OPTIONS="report_objects=0")
     r = subprocess.run([sys.executable, "-c", LSAN_CHILD, str(tmp_path / "l.kdx")],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     reports = "".join(open(p).read() for p in tmp_path.glob("lsan*"))
+    # Full stacks (slow unwinding through CPython's frames): a leak is ours
+    # when a frame lies in the extension or the C core.
     ours = [block for block in reports.split("\n\n")
-            if ("leak of" in block and ("_core" in block or "csrc/" in block))]
+            if "leak of" in block and ("knndirect/_core." in block or "csrc/" in block)]
     assert not ours, "leaks through knndirect:\n" + "\n\n".join(ours)[:6000]
