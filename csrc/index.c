@@ -1408,7 +1408,8 @@ static int scan_lists(void *arg, const uint8_t *p, size_t n, uint64_t at)
 
 int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_params *op)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO must not block the open (it is refused below). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         return kd_fail(-e, "cannot open %s: %s", path, strerror(e));
@@ -1425,6 +1426,11 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
     }
     if (S_ISDIR(st.st_mode)) {
         err = kd_fail(-EISDIR, "%s is a directory, not an index file", path);
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        err = kd_fail(-EINVAL, "%s is not a regular file (a device, pipe or socket): open maps "
+                      "an index file; knndirect.load reads a stream", path);
         goto fail;
     }
     if ((uint64_t)st.st_size < KD_BLOCK + KD_TAIL_BYTES) {

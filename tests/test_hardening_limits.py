@@ -293,13 +293,18 @@ def test_a_device_is_never_replaced(small):
         small.save(f)
 
 
-def test_a_fifo_is_never_replaced(small, tmp_path):
+def test_a_fifo_is_never_replaced_nor_waited_on(small, tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     with pytest.raises(ValueError):
         small.save(fifo)
     assert os.path.exists(fifo) and not os.path.isfile(fifo)
     assert sorted(os.listdir(tmp_path)) == ["pipe"]
+    # open maps a file: a FIFO is refused at once, not waited on for a writer.
+    for path in (fifo, "/dev/null"):
+        with pytest.raises(ValueError) as ei:
+            kd.open(path)
+        assert "regular file" in str(ei.value)
 
 
 @pytest.fixture
