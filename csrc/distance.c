@@ -1,5 +1,6 @@
 #include "distance.h"
 
+#include <math.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -50,8 +51,22 @@ static void l2sq4_scalar(const float *const q[4], const float *x, size_t d, floa
         out[j] = l2sq_scalar(q[j], x, d);
 }
 
+static void fwht_scalar(float *x, size_t n)
+{
+    for (size_t h = 1; h < n; h <<= 1)
+        for (size_t i = 0; i < n; i += h << 1)
+            for (size_t j = i; j < i + h; j++) {
+                float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+    float s = 1.0f / sqrtf((float)n);
+    for (size_t i = 0; i < n; i++)
+        x[i] *= s;
+}
+
 static const struct kd_kernels scalar_kernels = {"scalar", l2sq_scalar, dot_scalar, dot4_scalar,
-                                                 l2sq4_scalar};
+                                                 l2sq4_scalar, fwht_scalar};
 
 #ifdef KD_X86
 #define AVX2 __attribute__((target("avx2,fma")))
@@ -168,7 +183,38 @@ AVX2 static void l2sq4_avx2(const float *const q[4], const float *x, size_t d, f
         out[j] = hsum256(_mm256_add_ps(a[j], b[j]));
 }
 
-static const struct kd_kernels avx2_kernels = {"avx2", l2sq_avx2, dot_avx2, dot4_avx2, l2sq4_avx2};
+/* The first three stages (h = 1, 2, 4) stay inside one register: swap lanes,
+ * then blend the sums with the differences; later stages pair registers. */
+AVX2 static void fwht_avx2(float *x, size_t n)
+{
+    if (n < 8) {
+        fwht_scalar(x, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i), w;
+        w = _mm256_permute_ps(v, 0xB1);
+        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xAA);
+        w = _mm256_permute_ps(v, 0x4E);
+        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xCC);
+        w = _mm256_permute2f128_ps(v, v, 1);
+        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xF0);
+        _mm256_storeu_ps(x + i, v);
+    }
+    for (size_t h = 8; h < n; h <<= 1)
+        for (size_t i = 0; i < n; i += h << 1)
+            for (size_t j = i; j < i + h; j += 8) {
+                __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
+                _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+                _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+            }
+    __m256 s = _mm256_set1_ps(1.0f / sqrtf((float)n));
+    for (size_t i = 0; i < n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), s));
+}
+
+static const struct kd_kernels avx2_kernels = {"avx2", l2sq_avx2, dot_avx2, dot4_avx2, l2sq4_avx2,
+                                               fwht_avx2};
 
 /* AVX-512: masked loads handle any tail. */
 #define AVX512 __attribute__((target("avx512f")))
@@ -248,8 +294,9 @@ AVX512 static void l2sq4_avx512(const float *const q[4], const float *x, size_t 
         out[j] = _mm512_reduce_add_ps(s[j]);
 }
 
+/* The transform is short and cache-resident: the AVX2 one serves here. */
 static const struct kd_kernels avx512_kernels = {"avx512", l2sq_avx512, dot_avx512, dot4_avx512,
-                                                 l2sq4_avx512};
+                                                 l2sq4_avx512, fwht_avx2};
 
 int kd_cpu_has_avx2(void)
 {

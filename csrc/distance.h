@@ -13,6 +13,10 @@ typedef void (*kd_block_fn)(const float *const q[4], const float *x, size_t d, f
                             float *xx);
 /* Squared distances of four queries to x in one pass over x. */
 typedef void (*kd_block_l2_fn)(const float *const q[4], const float *x, size_t d, float out[4]);
+/* Orthonormal Walsh-Hadamard transform of n floats in place, n a power of
+ * two. Every variant does the same butterflies in the same order, so the
+ * results are bit-identical (codes written on one CPU are read on another). */
+typedef void (*kd_fwht_fn)(float *x, size_t n);
 
 struct kd_kernels {
     const char *name;     /* "scalar", "avx2", "avx512" */
@@ -20,6 +24,7 @@ struct kd_kernels {
     kd_pair_fn dot;       /* sum a*b */
     kd_block_fn dot4;
     kd_block_l2_fn l2sq4;
+    kd_fwht_fn fwht;
 };
 
 /* The kernels in use (chosen once, on first call, from the CPU's features). */

@@ -84,23 +84,30 @@ static void heap_push(struct kd_heap_item *h, size_t *n, struct kd_heap_item it,
     h[i] = it;
 }
 
-static struct kd_heap_item heap_pop(struct kd_heap_item *h, size_t *n, int max)
+/* Put `it` at the root's place and sift it down through h[0..len). */
+static inline void sift_down(struct kd_heap_item *h, size_t len, struct kd_heap_item it, int max)
 {
-    struct kd_heap_item top = h[0], last = h[--(*n)];
-    size_t i = 0, len = *n;
+    size_t i = 0;
     for (;;) {
         size_t c = 2 * i + 1;
         if (c >= len)
             break;
         if (c + 1 < len && before(h[c + 1], h[c], max))
             c++;
-        if (!before(h[c], last, max))
+        if (!before(h[c], it, max))
             break;
         h[i] = h[c];
         i = c;
     }
     if (len)
-        h[i] = last;
+        h[i] = it;
+}
+
+static struct kd_heap_item heap_pop(struct kd_heap_item *h, size_t *n, int max)
+{
+    struct kd_heap_item top = h[0];
+    --(*n);
+    sift_down(h, *n, h[*n], max);
     return top;
 }
 
@@ -160,12 +167,10 @@ static inline int accepted(const struct kd_accept *a, uint32_t row)
 static inline void keep_best(struct kd_heap_item *h, size_t *n, size_t cap,
                              struct kd_heap_item it)
 {
-    if (*n < cap) {
+    if (*n < cap)
         heap_push(h, n, it, 1);
-    } else if (it.dist < h[0].dist) {
-        heap_pop(h, n, 1);
-        heap_push(h, n, it, 1);
-    }
+    else if (it.dist < h[0].dist)
+        sift_down(h, *n, it, 1);  /* the largest makes way */
 }
 
 static void heap_sort_ascending(struct kd_heap_item *h, size_t n)
@@ -230,9 +235,10 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
                 if (ok < 0)
                     ok = accepted(accept, it.row);
                 if (ok) {
-                    heap_push(s->res, &nres, it, 1);
-                    if (nres > ef)
-                        heap_pop(s->res, &nres, 1);
+                    if (nres < ef)
+                        heap_push(s->res, &nres, it, 1);
+                    else
+                        sift_down(s->res, nres, it, 1);
                 }
             }
         }

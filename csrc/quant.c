@@ -237,22 +237,6 @@ void kd_quant_free(struct kd_quant *q)
     memset(q, 0, sizeof *q);
 }
 
-/* Orthonormal Walsh-Hadamard transform of n (a power of two) floats. */
-__attribute__((target_clones("avx2", "default")))
-static void fwht(float *x, uint32_t n)
-{
-    for (uint32_t h = 1; h < n; h <<= 1)
-        for (uint32_t i = 0; i < n; i += h << 1)
-            for (uint32_t j = i; j < i + h; j++) {
-                float a = x[j], b = x[j + h];
-                x[j] = a + b;
-                x[j + h] = a - b;
-            }
-    float s = 1.0f / sqrtf((float)n);
-    for (uint32_t i = 0; i < n; i++)
-        x[i] *= s;
-}
-
 __attribute__((target_clones("avx2", "default")))
 static void flip(float *x, const uint8_t *signs, uint32_t n)
 {
@@ -269,6 +253,7 @@ static void rotate(const struct kd_quant *q, float *x)
     while (l * 2 <= n)
         l *= 2;
     const uint8_t *s = q->signs;
+    kd_fwht_fn fwht = kd_kernels()->fwht;
     for (int r = 0; r < KD_ROT_ROUNDS; r++) {
         flip(x, s, n);
         s += n;

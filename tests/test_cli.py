@@ -204,6 +204,12 @@ def test_console_script_entry_point():
     assert kd.__version__ in p.stdout
 
 
+def _default_sigint():
+    # A shell starts background jobs with SIGINT ignored, and Python keeps an
+    # ignored SIGINT ignored: give the child the terminal's default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_build_exits_130_and_writes_nothing(tmp_path):
     x = datasets.clustered(200_000, 16, seed=5)
     np.save(tmp_path / "big.npy", x)
@@ -211,7 +217,7 @@ def test_ctrl_c_during_build_exits_130_and_writes_nothing(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "knndirect", "build", str(tmp_path / "big.npy"),
                              str(out), "--progress"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
+                            stderr=subprocess.PIPE, env=env, preexec_fn=_default_sigint)
     try:
         # Wait for the first progress output: the build has started.
         first = os.read(proc.stderr.fileno(), 4096)

@@ -72,3 +72,32 @@ def test_unknown_or_unavailable_kernel_raises():
         _core._kernel("nope", "dot", b"\0" * 4, b"\0" * 4)
     with pytest.raises(ValueError):
         _core._kernel("scalar", "dot", b"\0" * 8, b"\0" * 4)
+
+
+FWHT_SIZES = [1, 2, 4, 8, 16, 64, 256, 1024, 4096]
+
+
+@pytest.mark.parametrize("n", FWHT_SIZES)
+def test_fwht_reference_is_orthonormal_hadamard(n):
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    got = np.frombuffer(_core._kernel("scalar", "fwht", x.tobytes(), b""), np.float32)
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    np.testing.assert_allclose(got, h @ x.astype(np.float64) / np.sqrt(n), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("n", FWHT_SIZES)
+def test_fwht_variants_bit_identical_to_scalar(variant, n):
+    # Codes written on one CPU are decoded by queries rotated on another.
+    if not available(variant):
+        pytest.skip(f"this CPU lacks {variant}")
+    x = (np.random.default_rng(500 + n).standard_normal(n) * 1e3).astype(np.float32).tobytes()
+    assert _core._kernel(variant, "fwht", x, b"") == _core._kernel("scalar", "fwht", x, b"")
+
+
+def test_fwht_refuses_other_lengths():
+    for n in (0, 3, 12):
+        with pytest.raises(ValueError, match="power of two"):
+            _core._kernel("scalar", "fwht", np.zeros(n, np.float32).tobytes(), b"")

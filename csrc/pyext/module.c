@@ -95,7 +95,8 @@ static PyObject *mod_features(PyObject *mod, PyObject *unused)
 
 /* Test hook: one kernel variant by name, to check it against the scalar
  * reference. For the block kernels, a holds four queries of len(b) floats;
- * dot4 returns the four products and |b|^2, l2sq4 the four distances. */
+ * dot4 returns the four products and |b|^2, l2sq4 the four distances; fwht
+ * returns the transform of a (b is ignored) as bytes. */
 static PyObject *mod_kernel(PyObject *mod, PyObject *args)
 {
     const char *name, *which;
@@ -105,9 +106,16 @@ static PyObject *mod_kernel(PyObject *mod, PyObject *args)
     const struct kd_kernels *k = kd_kernels_named(name);
     size_t d = (size_t)b.len / 4;
     int block = strcmp(which, "dot4") == 0 || strcmp(which, "l2sq4") == 0;
+    size_t n = (size_t)a.len / 4;
     PyObject *r = NULL;
     if (!k) {
         PyErr_Format(PyExc_ValueError, "kernel set %s is unavailable", name);
+    } else if (strcmp(which, "fwht") == 0) {
+        if (a.len % 4 || !n || (n & (n - 1))) {
+            PyErr_SetString(PyExc_ValueError, "fwht needs a power of two floats");
+        } else if ((r = PyBytes_FromStringAndSize(a.buf, a.len))) {
+            k->fwht((float *)PyBytes_AS_STRING(r), n);
+        }
     } else if (b.len % 4 || a.len != (block ? 4 : 1) * b.len) {
         PyErr_SetString(PyExc_ValueError, "operands differ in length");
     } else if (block) {
