@@ -6,6 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 uint32_t kd_quant_padded_dim(uint32_t dim) { return (uint32_t)kd_round_up(dim, 64); }
 
 static uint64_t splitmix64(uint64_t *s)
@@ -478,6 +482,61 @@ static void estimate_popcnt(const struct kd_quant *q, const struct kd_qcode *qc,
 {
     ESTIMATE_BODY(__builtin_popcountll)
 }
+
+/* Bytewise popcounts by nibble lookup: per byte, sum_b 2^b popcount(code &
+ * plane_b) stays below 256 (8 bits x 15), so the four planes are weighted in
+ * bytes (Horner) and summed once per chunk. 256-bit chunks, then 128, then
+ * 64; every variant yields the same integer, hence the same estimate. */
+__attribute__((target("avx2,popcnt")))
+static void estimate_avx2(const struct kd_quant *q, const struct kd_qcode *qc,
+                          const uint8_t *codes, const uint32_t *rows, size_t n, float *out)
+{
+    uint32_t words = q->pdim / 64;
+    const __m256i lut = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4,
+                                         0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4);
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *code = codes + (size_t)rows[i] * q->code_size;
+        __m256i acc = _mm256_setzero_si256();
+        uint32_t w = 0;
+        for (; w + 4 <= words; w += 4) {
+            __m256i c = _mm256_loadu_si256((const __m256i *)(code + (size_t)w * 8));
+            __m256i sum = _mm256_setzero_si256();
+            for (int b = KD_QUERY_BITS - 1; b >= 0; b--) {
+                __m256i t = _mm256_and_si256(
+                    c, _mm256_loadu_si256((const __m256i *)(qc->planes + (size_t)b * words + w)));
+                __m256i cnt = _mm256_add_epi8(
+                    _mm256_shuffle_epi8(lut, _mm256_and_si256(t, low)),
+                    _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(t, 4), low)));
+                sum = _mm256_add_epi8(_mm256_add_epi8(sum, sum), cnt);
+            }
+            acc = _mm256_add_epi64(acc, _mm256_sad_epu8(sum, _mm256_setzero_si256()));
+        }
+        __m128i acc2 = _mm_add_epi64(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+        for (; w + 2 <= words; w += 2) {
+            __m128i c = _mm_loadu_si128((const __m128i *)(code + (size_t)w * 8));
+            __m128i sum = _mm_setzero_si128();
+            for (int b = KD_QUERY_BITS - 1; b >= 0; b--) {
+                __m128i t = _mm_and_si128(
+                    c, _mm_loadu_si128((const __m128i *)(qc->planes + (size_t)b * words + w)));
+                __m128i cnt = _mm_add_epi8(
+                    _mm_shuffle_epi8(_mm256_castsi256_si128(lut),
+                                     _mm_and_si128(t, _mm256_castsi256_si128(low))),
+                    _mm_shuffle_epi8(_mm256_castsi256_si128(lut),
+                                     _mm_and_si128(_mm_srli_epi16(t, 4),
+                                                   _mm256_castsi256_si128(low))));
+                sum = _mm_add_epi8(_mm_add_epi8(sum, sum), cnt);
+            }
+            acc2 = _mm_add_epi64(acc2, _mm_sad_epu8(sum, _mm_setzero_si128()));
+        }
+        uint64_t s = (uint64_t)_mm_cvtsi128_si64(acc2) + (uint64_t)_mm_extract_epi64(acc2, 1);
+        for (; w < words; w++)
+            for (int b = 0; b < KD_QUERY_BITS; b++)
+                s += (uint64_t)__builtin_popcountll(load_word(code, w) &
+                                                    qc->planes[(size_t)b * words + w]) << b;
+        out[i] = finish(q, qc, code, s);
+    }
+}
 #endif
 
 #define SCALAR_BODY(LEVEL)                                                          \
@@ -538,6 +597,9 @@ kd_estimate_fn kd_estimator_named(const char *name)
     __builtin_cpu_init();
     if (strcmp(name, "popcnt") == 0 && __builtin_cpu_supports("popcnt"))
         return estimate_popcnt;
+    if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("popcnt"))
+        return estimate_avx2;
 #endif
     return NULL;
 }
@@ -552,6 +614,8 @@ kd_estimate_fn kd_estimator(const struct kd_quant *q)
 #endif
         return q->bits == 8 ? estimate_sq8 : estimate_sq4;
     }
-    kd_estimate_fn f = kd_estimator_named("popcnt");
+    kd_estimate_fn f = kd_estimator_named("avx2");
+    if (!f)
+        f = kd_estimator_named("popcnt");
     return f ? f : estimate_scalar;
 }

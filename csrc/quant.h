@@ -102,7 +102,8 @@ typedef void (*kd_estimate_fn)(const struct kd_quant *q, const struct kd_qcode *
                                float *out);
 /* The estimator for q's code type, SIMD where the CPU has it. */
 kd_estimate_fn kd_estimator(const struct kd_quant *q);
-/* A named 1-bit variant, "scalar" or "popcnt" (tests). */
+/* A named 1-bit variant, "scalar", "popcnt" or "avx2", or NULL where the
+ * CPU lacks it (tests). */
 kd_estimate_fn kd_estimator_named(const char *name);
 
 #endif
