@@ -211,6 +211,8 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
         uint32_t n = read_list(g, c.row, level, s->list, locked), m = 0;
         if (ncand)  /* the next list to expand, most likely */
             __builtin_prefetch(kd_graph_list(g, s->cand[0].row, level));
+        for (uint32_t i = 0; i < n; i++)  /* the tags are scattered: ask for all at once */
+            __builtin_prefetch(&v->tags[s->list[i]]);
         for (uint32_t i = 0; i < n; i++) {
             uint32_t r = s->list[i];
             if (v->tags[r] != v->now) {

@@ -66,8 +66,8 @@ void kd_scratch_free(struct kd_search_scratch *s);
 /* Which nodes may be results: not tombstoned, and allowed by a filter.
  * Either array may be NULL (no constraint); other nodes are still walked. */
 struct kd_accept {
-    const uint8_t *deleted;
-    const uint8_t *allowed;
+    const uint8_t *deleted;   /* NULL: nothing removed */
+    const uint8_t *allowed;   /* NULL: no filter */
 };
 
 /* Greedy descent from the entry to level 1, then a beam of width ef on level

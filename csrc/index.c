@@ -294,9 +294,10 @@ static void prefetch_codes(void *p, const uint32_t *rows, size_t n)
     const struct estimate_ctx *e = p;
     size_t size = e->ix->quant.code_size;
     for (size_t i = 0; i < n; i++) {
-        const uint8_t *code = e->ix->codes + (size_t)rows[i] * size;
-        for (size_t off = 0; off < size; off += 64)
-            __builtin_prefetch(code + off);
+        /* every line the code touches: codes do not start on line bounds */
+        uintptr_t at = (uintptr_t)(e->ix->codes + (size_t)rows[i] * size);
+        for (uintptr_t line = at & ~(uintptr_t)63; line < at + size; line += 64)
+            __builtin_prefetch((const void *)line);
     }
 }
 
@@ -378,7 +379,9 @@ static int query_begin(struct kd_index *ix, struct kd_ctx *c, const float *q,
         return err;
     kd_qcode_prepare(&ix->quant, c->q, &c->qc);
     struct estimate_ctx e = {ix, &c->qc};
-    struct kd_accept a = {ix->deleted, f->allowed};
+    /* Searches hold the read lock, so live and count are stable here; with
+     * nothing removed the tombstones need not be read per scored node. */
+    struct kd_accept a = {ix->live < ix->count ? ix->deleted : NULL, f->allowed};
     size_t nres = kd_graph_search(&ix->graph, &c->s, ef, L, estimate_rows, prefetch_codes, &e,
                                   &a);
     const struct kd_heap_item *res = c->s.out;
