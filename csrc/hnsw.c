@@ -234,6 +234,8 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
                 if (cand_grow(s, ncand + 1))
                     return 0;
                 heap_push(s->cand, &ncand, it, 0);
+                /* a candidate now is likely expanded soon: start its list */
+                __builtin_prefetch(kd_graph_list(g, it.row, level));
                 if (ok < 0)
                     ok = accepted(accept, it.row);
                 if (ok) {
