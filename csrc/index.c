@@ -1674,6 +1674,11 @@ void kd_index_stats(struct kd_index *ix, struct kd_stats *st, int reset)
                        : __atomic_load_n(&src[i], __ATOMIC_RELAXED);
 }
 
+uint32_t kd_index_dim(const struct kd_index *ix)
+{
+    return ix->p.dim;
+}
+
 uint64_t kd_index_count(struct kd_index *ix)
 {
     return __atomic_load_n(&ix->live, __ATOMIC_RELAXED);

@@ -107,6 +107,9 @@ int kd_index_verify(struct kd_index *ix);
 void kd_index_info(struct kd_index *ix, struct kd_info *info);
 void kd_index_stats(struct kd_index *ix, struct kd_stats *st, int reset);
 uint64_t kd_index_count(struct kd_index *ix);
+/* The dimension, fixed at creation: no lock, no walk over the index (which
+ * kd_index_info does to count resident bytes). */
+uint32_t kd_index_dim(const struct kd_index *ix);
 
 double kd_default_oversample(int quantization, uint32_t dim);
 

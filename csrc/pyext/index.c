@@ -141,12 +141,11 @@ static PyObject *Index_train(KdIndexObject *self, PyObject *arg)
     struct kd_index *ix = enter(self);
     if (!ix)
         return NULL;
-    struct kd_info info;
-    kd_index_info(ix, &info);
+    uint32_t dim = kd_index_dim(ix);
     Py_buffer v;
     size_t n;
     int err = 0;
-    if (take_matrix(arg, &v, info.params.dim, &n)) {
+    if (take_matrix(arg, &v, dim, &n)) {
         leave(self);
         return NULL;
     }
@@ -167,13 +166,12 @@ static PyObject *Index_add(KdIndexObject *self, PyObject *args)
     struct kd_index *ix = enter(self);
     if (!ix)
         return NULL;
-    struct kd_info info;
-    kd_index_info(ix, &info);
+    uint32_t dim = kd_index_dim(ix);
     Py_buffer xv, iv = {0};
     size_t n, nids;
     const int64_t *ids;
     int err = 0;
-    if (take_matrix(xo, &xv, info.params.dim, &n)) {
+    if (take_matrix(xo, &xv, dim, &n)) {
         leave(self);
         return NULL;
     }
@@ -261,14 +259,13 @@ static PyObject *Index_search(KdIndexObject *self, PyObject *args, PyObject *kw)
     struct kd_index *ix = enter(self);
     if (!ix)
         return NULL;
-    struct kd_info info;
-    kd_index_info(ix, &info);
+    uint32_t dim = kd_index_dim(ix);
     Py_buffer qv, fv;
     size_t nq, nf;
     const int64_t *filter;
     PyObject *dist = NULL, *ids_out = NULL;
     int err = 0;
-    if (take_matrix(qo, &qv, info.params.dim, &nq)) {
+    if (take_matrix(qo, &qv, dim, &nq)) {
         leave(self);
         return NULL;
     }
@@ -308,8 +305,7 @@ static PyObject *Index_get_vectors(KdIndexObject *self, PyObject *arg)
     struct kd_index *ix = enter(self);
     if (!ix)
         return NULL;
-    struct kd_info info;
-    kd_index_info(ix, &info);
+    uint32_t dim = kd_index_dim(ix);
     Py_buffer iv;
     const int64_t *ids;
     size_t n, align, stride;
@@ -328,7 +324,7 @@ static PyObject *Index_get_vectors(KdIndexObject *self, PyObject *arg)
         goto out;
     char *base = PyArray_DATA((PyArrayObject *)raw);
     size_t skip = (size_t)((align - (uintptr_t)base % align) % align);
-    npy_intp dims[2] = {(npy_intp)n, (npy_intp)info.params.dim};
+    npy_intp dims[2] = {(npy_intp)n, (npy_intp)dim};
     npy_intp strides[2] = {(npy_intp)stride, 4};
     PyArray_Descr *descr = PyArray_DescrFromType(NPY_FLOAT32);
     out = PyArray_NewFromDescr(&PyArray_Type, descr, 2, dims, strides, base + skip,
