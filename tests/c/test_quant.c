@@ -6,6 +6,7 @@
  * 64-bit pieces). Run by tests/test_quant_native.py, or:
  *   gcc -O2 -g -std=c11 -Icsrc csrc/common.c csrc/distance.c csrc/quant.c \
  *       tests/c/test_quant.c -lpthread -lm -o /tmp/test_quant && /tmp/test_quant */
+#include "check.h"
 #include "quant.h"
 
 #include <math.h>
@@ -13,20 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        if (cond) {                                                        \
-            n_pass++;                                                      \
-        } else {                                                           \
-            n_fail++;                                                      \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                    \
-            printf(__VA_ARGS__);                                           \
-            printf("\n");                                                  \
-        }                                                                  \
-    } while (0)
 
 static uint64_t rng_state = 42;
 

@@ -11,6 +11,7 @@
 #endif
 #include "common.h"
 #include "vecio.h"
+#include "check.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,20 +30,6 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        if (cond) {                                                        \
-            n_pass++;                                                      \
-        } else {                                                           \
-            n_fail++;                                                      \
-            printf("FAIL %s:%d: %s -- ", __FILE__, __LINE__, #cond);       \
-            printf(__VA_ARGS__);                                           \
-            printf(" [last error: %s]\n", kd_last_error());               \
-        }                                                                  \
-    } while (0)
 
 #define HEADER 4096u
 #define PAD_BYTE 0xAB
