@@ -60,6 +60,8 @@ import time
 
 import numpy as np
 
+from pagecache import drop_caches
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
@@ -95,16 +97,6 @@ def read_proc_io():
             key, value = line.split(":")
             out[key.strip()] = int(value)
     return out
-
-
-def drop_caches():
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def vector_section(path):

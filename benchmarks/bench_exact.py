@@ -33,6 +33,8 @@ import time
 
 import numpy as np
 
+from pagecache import drop_caches
+
 import knndirect as kd
 from knndirect import _core
 from knndirect.datasets import clustered
@@ -47,16 +49,6 @@ def median_time(fn, repeats):
         fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
-
-
-def drop_caches():
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def fio_bandwidth(path, offset, length):

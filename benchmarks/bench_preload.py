@@ -42,6 +42,8 @@ import time
 
 import numpy as np
 
+import pagecache
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CGROUP_NAME = "knndirect_bench_preload_%d" % os.getpid()
 
@@ -171,9 +173,8 @@ class Cgroup:
 
 
 def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
+    if not pagecache.drop_caches():
+        raise PermissionError("dropping the page cache needs root")
 
 
 # ------------------------------------------------------------------ parent

@@ -25,6 +25,13 @@
 #include "storage.h"
 #include "vecio.h"
 
+#include <pthread.h>
+
+static pthread_mutex_t report_mu = PTHREAD_MUTEX_INITIALIZER;
+#define CHECK_LOCK() pthread_mutex_lock(&report_mu)
+#define CHECK_UNLOCK() pthread_mutex_unlock(&report_mu)
+#include "check.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -34,24 +41,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int n_pass, n_fail;
-static pthread_mutex_t report_mu = PTHREAD_MUTEX_INITIALIZER;
-
-#define CHECK(cond, ...)                                                         \
-    do {                                                                         \
-        pthread_mutex_lock(&report_mu);                                          \
-        if (cond) {                                                              \
-            n_pass++;                                                            \
-        } else {                                                                 \
-            n_fail++;                                                            \
-            printf("FAIL %s:%d: %s -- ", __FILE__, __LINE__, #cond);             \
-            printf(__VA_ARGS__);                                                 \
-            printf(" [last error: %s]\n", kd_last_error());                      \
-            fflush(stdout);                                                      \
-        }                                                                        \
-        pthread_mutex_unlock(&report_mu);                                        \
-    } while (0)
 
 static const char *dir = "/tmp";
 
