@@ -60,7 +60,7 @@ import time
 
 import numpy as np
 
-from pagecache import drop_caches
+from diskio import drop_caches, proc_io, vector_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -77,7 +77,6 @@ GRID_EFS_QUICK = (32, 64, 128, 256)
 BACKENDS = ("io_uring", "threads", "pread", "mmap")
 TARGETS = {"read_volume": 1.1, "uring_vs_pread": 3.0, "overhead_vs_qd1": 2.0,
            "load_vs_bound": 0.7, "vs_diskann": 1.0, "vs_diskann_aim": 2.0}
-SECTION_VECTORS = 8   # the vector section's id in the file's section table
 
 
 # ---------------------------------------------------------------- small helpers
@@ -88,30 +87,6 @@ def log(msg):
 
 def loadavg():
     return [round(x, 2) for x in os.getloadavg()]
-
-
-def read_proc_io():
-    out = {}
-    with open("/proc/self/io") as f:
-        for line in f:
-            key, value = line.split(":")
-            out[key.strip()] = int(value)
-    return out
-
-
-def vector_section(path):
-    """(offset, length) of the vector section, from the file's section table
-    (the footer's last 32 bytes start with the table's offset and count)."""
-    with open(path, "rb") as f:
-        f.seek(-32, os.SEEK_END)
-        table_off, count = struct.unpack("<QI", f.read(12))
-        f.seek(table_off)
-        table = f.read(32 * count)
-    for i in range(count):
-        sid, _, off, length, _, _ = struct.unpack_from("<IIQQII", table, 32 * i)
-        if sid == SECTION_VECTORS:
-            return off, length
-    raise ValueError(f"{path}: no vector section")
 
 
 def pct(values, q):
@@ -441,14 +416,14 @@ def single_stream(index, queries, gt, kw, warm):
     for q in warm:
         index.search(q, K, **kw)
     index.stats(reset=True)
-    io0 = read_proc_io()
+    io0 = proc_io()
     lat = np.empty(len(queries))
     found = np.empty((len(queries), K), np.int64)
     for i, q in enumerate(queries):
         t = time.perf_counter()
         _, found[i] = index.search(q, K, **kw)
         lat[i] = time.perf_counter() - t
-    io1 = read_proc_io()
+    io1 = proc_io()
     st = index.stats()
     nq = max(1, st["queries"])
     return {"n": len(queries), "p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3,
@@ -700,10 +675,10 @@ def task_diskann_search(spec):
     out = {"open_s": time.perf_counter() - t, "points": []}
     for w in spec["beam_widths"]:
         for L in spec["Ls"]:
-            io0 = read_proc_io()
+            io0 = proc_io()
             b = batch_qps(lambda x, L=L, w=w: np.asarray(
                 index.batch_search(x, K, L, 2, w).identifiers, np.int64), q, gt, min_s=0.5)
-            io1 = read_proc_io()
+            io1 = proc_io()
             passes = b["passes"] + 64 / len(q)
             b.update({"L": L, "beam_width": w, "kernel_bytes_per_query":
                       (io1["read_bytes"] - io0["read_bytes"]) / (passes * len(q))})

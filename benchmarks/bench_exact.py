@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from pagecache import drop_caches
+from diskio import drop_caches, vector_section
 
 import knndirect as kd
 from knndirect import _core
@@ -82,20 +82,6 @@ def python_direct_bandwidth(path, offset, length, block=8 << 20):
         os.close(fd)
     return done / (time.perf_counter() - t), "Python O_DIRECT preadv, 8 MiB, depth 1"
 
-
-def vector_section(path):
-    """(offset, length) of the vector section, from the file's section table."""
-    import struct
-    with open(path, "rb") as f:
-        f.seek(-32, os.SEEK_END)
-        table_off, count = struct.unpack("<QI", f.read(12))
-        f.seek(table_off)
-        table = f.read(32 * count)
-    for i in range(count):
-        sid, _, off, length, _, _ = struct.unpack_from("<IIQQII", table, 32 * i)
-        if sid == 8:
-            return off, length
-    raise ValueError("no vector section")
 
 
 def main(argv=None):

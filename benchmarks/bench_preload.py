@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-import pagecache
+import diskio
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CGROUP_NAME = "knndirect_bench_preload_%d" % os.getpid()
@@ -58,15 +58,6 @@ CONFIGS = [
 
 
 # ------------------------------------------------------------------ child
-
-def read_io():
-    out = {}
-    with open("/proc/self/io") as f:
-        for line in f:
-            k, v = line.split(":")
-            out[k.strip()] = int(v)
-    return out
-
 
 def child(args):
     import warnings
@@ -92,17 +83,17 @@ def child(args):
         idx.close()
         return 0
     preload = tuple(p for p in args.preload.split(",") if p)
-    io0, ru0 = read_io(), resource.getrusage(resource.RUSAGE_SELF)
+    io0, ru0 = diskio.proc_io(), resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     idx = kd.open(args.index, io_backend=args.backend, preload=preload)
     t_open = time.perf_counter()
-    io1, ru1 = read_io(), resource.getrusage(resource.RUSAGE_SELF)
+    io1, ru1 = diskio.proc_io(), resource.getrusage(resource.RUSAGE_SELF)
     idx.search(q[0], 10)
     t_first = time.perf_counter()
     for i in range(1, args.nq):
         idx.search(q[i], 10)
     t_end = time.perf_counter()
-    io2, ru2 = read_io(), resource.getrusage(resource.RUSAGE_SELF)
+    io2, ru2 = diskio.proc_io(), resource.getrusage(resource.RUSAGE_SELF)
     st = idx.stats()
     info = idx.info()
     idx.close()
@@ -173,7 +164,7 @@ class Cgroup:
 
 
 def drop_caches():
-    if not pagecache.drop_caches():
+    if not diskio.drop_caches():
         raise PermissionError("dropping the page cache needs root")
 
 
