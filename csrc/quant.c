@@ -485,11 +485,22 @@ static void estimate_popcnt(const struct kd_quant *q, const struct kd_qcode *qc,
 
 /* Bytewise popcounts by nibble lookup: per byte, sum_b 2^b popcount(code &
  * plane_b) stays below 256 (8 bits x 15), so the four planes are weighted in
- * bytes (Horner) and summed once per chunk. 256-bit chunks, then 128, then
- * 64; every variant yields the same integer, hence the same estimate. */
-__attribute__((target("avx2,popcnt")))
-static void estimate_avx2(const struct kd_quant *q, const struct kd_qcode *qc,
-                          const uint8_t *codes, const uint32_t *rows, size_t n, float *out)
+ * bytes (Horner) and summed once per chunk. A chunk is 4 words, or 2 words
+ * zero-extended; a last odd word goes to popcnt. Every variant yields the
+ * same integer, hence the same estimate. */
+#define AVX2_POPCNT __attribute__((target("avx2,popcnt")))
+
+/* Four words at w, or two (zero above them) when half. */
+AVX2_POPCNT static inline __m256i load_chunk(const void *p, int half)
+{
+    return half ? _mm256_inserti128_si256(_mm256_setzero_si256(),
+                                          _mm_loadu_si128((const __m128i *)p), 0)
+                : _mm256_loadu_si256((const __m256i *)p);
+}
+
+AVX2_POPCNT static void estimate_avx2(const struct kd_quant *q, const struct kd_qcode *qc,
+                                      const uint8_t *codes, const uint32_t *rows, size_t n,
+                                      float *out)
 {
     uint32_t words = q->pdim / 64;
     const __m256i lut = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4,
@@ -499,12 +510,13 @@ static void estimate_avx2(const struct kd_quant *q, const struct kd_qcode *qc,
         const uint8_t *code = codes + (size_t)rows[i] * q->code_size;
         __m256i acc = _mm256_setzero_si256();
         uint32_t w = 0;
-        for (; w + 4 <= words; w += 4) {
-            __m256i c = _mm256_loadu_si256((const __m256i *)(code + (size_t)w * 8));
+        for (int half = 0; w + 2 <= words; w += half ? 2 : 4) {
+            half = w + 4 > words;
+            __m256i c = load_chunk(code + (size_t)w * 8, half);
             __m256i sum = _mm256_setzero_si256();
             for (int b = KD_QUERY_BITS - 1; b >= 0; b--) {
-                __m256i t = _mm256_and_si256(
-                    c, _mm256_loadu_si256((const __m256i *)(qc->planes + (size_t)b * words + w)));
+                __m256i t = _mm256_and_si256(c, load_chunk(qc->planes + (size_t)b * words + w,
+                                                           half));
                 __m256i cnt = _mm256_add_epi8(
                     _mm256_shuffle_epi8(lut, _mm256_and_si256(t, low)),
                     _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(t, 4), low)));
@@ -513,24 +525,8 @@ static void estimate_avx2(const struct kd_quant *q, const struct kd_qcode *qc,
             acc = _mm256_add_epi64(acc, _mm256_sad_epu8(sum, _mm256_setzero_si256()));
         }
         __m128i acc2 = _mm_add_epi64(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-        for (; w + 2 <= words; w += 2) {
-            __m128i c = _mm_loadu_si128((const __m128i *)(code + (size_t)w * 8));
-            __m128i sum = _mm_setzero_si128();
-            for (int b = KD_QUERY_BITS - 1; b >= 0; b--) {
-                __m128i t = _mm_and_si128(
-                    c, _mm_loadu_si128((const __m128i *)(qc->planes + (size_t)b * words + w)));
-                __m128i cnt = _mm_add_epi8(
-                    _mm_shuffle_epi8(_mm256_castsi256_si128(lut),
-                                     _mm_and_si128(t, _mm256_castsi256_si128(low))),
-                    _mm_shuffle_epi8(_mm256_castsi256_si128(lut),
-                                     _mm_and_si128(_mm_srli_epi16(t, 4),
-                                                   _mm256_castsi256_si128(low))));
-                sum = _mm_add_epi8(_mm_add_epi8(sum, sum), cnt);
-            }
-            acc2 = _mm_add_epi64(acc2, _mm_sad_epu8(sum, _mm_setzero_si128()));
-        }
         uint64_t s = (uint64_t)_mm_cvtsi128_si64(acc2) + (uint64_t)_mm_extract_epi64(acc2, 1);
-        for (; w < words; w++)
+        if (w < words)
             for (int b = 0; b < KD_QUERY_BITS; b++)
                 s += (uint64_t)__builtin_popcountll(load_word(code, w) &
                                                     qc->planes[(size_t)b * words + w]) << b;
