@@ -788,10 +788,11 @@ def parse_args(argv):
                     help="seconds per fio probe (default 10; --quick 3)")
     ap.add_argument("--diskann-R", type=int, default=64)
     ap.add_argument("--diskann-L", type=int, default=100)
-    ap.add_argument("--diskann-pq-bytes", type=int, default=48,
-                    help="diskann's in-RAM PQ code size per vector (default 48: its PQ "
-                    "training costs about the same per chunk whatever the chunk's width, "
-                    "so more bytes build proportionally slower)")
+    ap.add_argument("--diskann-pq-bytes", type=int, default=192,
+                    help="diskann's in-RAM PQ code size per vector (default 192: with its "
+                    "node cache, about the RAM knndirect keeps at 768 dims, ~296 B per "
+                    "vector; with 48 its beam cannot tell neighbours apart on this data: "
+                    "recall 0.38 at L 200 on 100k x 768, 0.99 at L 400 with 192)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -1108,7 +1109,7 @@ def run_diskann(args, paths, base, info, cg, cap, snap, root):
     log(f"diskann build: {out['build']['build_s']:.0f} s")
     out["index_bytes"] = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
     cache_nodes = out["cache_nodes"]
-    Ls = [10, 15, 20, 30, 40, 50, 70, 100, 150, 200]
+    Ls = [10, 20, 30, 50, 70, 100, 150, 200, 300, 400, 600]
     spec = {"task": "diskann_search", "dir": d, "queries": paths["queries"], "gt": paths["gt"],
             "warm": paths["warm"], "Ls": Ls, "beam_widths": [2, 4, 8],
             "single_beam_width": 4, "cache_nodes": cache_nodes}

@@ -184,7 +184,7 @@ static void heap_sort_ascending(struct kd_heap_item *h, size_t n)
 static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s, int level,
                            size_t ef, size_t nentry, kd_batch_dist_fn dist, void *dctx,
                            const struct kd_accept *accept, int locked, size_t keep,
-                           kd_prefetch_fn prefetch)
+                           kd_prefetch_fn prefetch, struct kd_search_early *early)
 {
     struct kd_visited *v = &s->visited;
     visited_next(v);
@@ -204,10 +204,13 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
                 keep_best(s->pool, &npool, keep, tmp[i]);
         }
     }
+    size_t expanded = 0;
     while (ncand > 0) {
         struct kd_heap_item c = heap_pop(s->cand, &ncand, 0);
         if (nres >= ef && c.dist > s->res[0].dist)
             break;
+        if (early && expanded++ == early->after)
+            early->fn(early->arg, keep ? s->pool : s->res, keep ? npool : nres);
         uint32_t n = read_list(g, c.row, level, s->list, locked), m = 0;
         if (ncand)  /* the next list to expand, most likely */
             __builtin_prefetch(kd_graph_list(g, s->cand[0].row, level));
@@ -247,6 +250,8 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
             }
         }
     }
+    if (early)
+        early->expansions = expanded;
     if (keep) {
         heap_sort_ascending(s->pool, npool);
         s->out = s->pool;
@@ -284,7 +289,7 @@ static void descend(const struct kd_graph *g, struct kd_search_scratch *s, uint3
 
 size_t kd_graph_search(const struct kd_graph *g, struct kd_search_scratch *s, size_t ef,
                        size_t keep, kd_batch_dist_fn dist, kd_prefetch_fn prefetch, void *dctx,
-                       const struct kd_accept *accept)
+                       const struct kd_accept *accept, struct kd_search_early *early)
 {
     if (g->entry == KD_NONE)
         return 0;
@@ -296,7 +301,7 @@ size_t kd_graph_search(const struct kd_graph *g, struct kd_search_scratch *s, si
         s->pool_cap = keep;
     }
     descend(g, s, g->entry, g->max_level, 0, dist, dctx, 0);
-    return search_layer(g, s, 0, ef, 1, dist, dctx, accept, 0, keep, prefetch);
+    return search_layer(g, s, 0, ef, 1, dist, dctx, accept, 0, keep, prefetch, early);
 }
 
 /* ---- structure */
@@ -504,7 +509,7 @@ static int insert_one(struct kd_graph *g, const struct kd_build_oracle *o, uint3
     uint32_t *chosen = rows + g->m0 + 2;
     for (int lc = level < top ? level : top; lc >= 0; lc--) {
         size_t nres = search_layer(g, s, lc, ef, nentry, dist_from_node, &f, NULL, 1, 0,
-                                   NULL);
+                                   NULL, NULL);
         if (!nres) {
             if (hold)
                 pthread_mutex_unlock(&g->entry_lock);

@@ -74,9 +74,20 @@ struct kd_accept {
  * 0. Results, ascending by distance, are left at s->out; returns how many.
  * With keep > ef they are the best `keep` of every node the beam scored, not
  * only of the beam: a deep shortlist then costs no wider a beam. */
+/* An optional call in the middle of the level-0 beam: after `after`
+ * expansions, fn gets the best nodes found so far (unordered), so that a
+ * caller can start work on the likely answer while the beam goes on.
+ * `expansions` returns how many the beam made in all. */
+struct kd_search_early {
+    size_t after;
+    void (*fn)(void *arg, const struct kd_heap_item *best, size_t n);
+    void *arg;
+    size_t expansions;
+};
+
 size_t kd_graph_search(const struct kd_graph *g, struct kd_search_scratch *s, size_t ef,
                        size_t keep, kd_batch_dist_fn dist, kd_prefetch_fn prefetch, void *dctx,
-                       const struct kd_accept *accept);
+                       const struct kd_accept *accept, struct kd_search_early *early);
 
 int kd_graph_init(struct kd_graph *g, uint32_t m);
 void kd_graph_free(struct kd_graph *g);

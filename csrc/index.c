@@ -38,6 +38,13 @@ struct kd_ctx {
     int finished;                 /* top-k is final, no reads outstanding */
     struct kd_vecio_pending *reads;
     uint64_t t_graph;             /* when the graph search ended */
+    /* Early reads: the likeliest part of the shortlist, read while the beam
+     * is still running. They are rows[0..nearly) and the first slots of buf. */
+    struct kd_vecio_pending *early;
+    size_t nearly;
+    struct kd_heap_item *pick;    /* scratch for choosing them */
+    size_t pick_cap;
+    float expand_ratio;           /* level-0 expansions per ef, running mean; 0 unknown */
 };
 
 struct kd_index {
@@ -62,6 +69,7 @@ struct kd_index {
     uint8_t *map;
     size_t map_len;
     struct kd_vecio *vio;
+    int read_early;               /* the backend reads in the background */
 
     pthread_rwlock_t lock;
     pthread_mutex_t pool_lock;
@@ -159,6 +167,7 @@ static void ctx_free(struct kd_ctx *c)
     free(c->rows64);
     free(c->rows);
     free(c->top);
+    free(c->pick);
     free(c);
 }
 
@@ -217,6 +226,18 @@ static int ctx_buf(struct kd_index *ix, struct kd_ctx *c, size_t rows)
     c->buf = kd_alloc_aligned(align, rows * stride);
     c->buf_rows = c->buf ? rows : 0;
     return c->buf ? 0 : kd_fail(-ENOMEM, "out of memory for rerank buffers");
+}
+
+static int ctx_pick(struct kd_ctx *c, size_t n)
+{
+    if (n <= c->pick_cap)
+        return 0;
+    struct kd_heap_item *p = realloc(c->pick, n * sizeof *p);
+    if (!p)
+        return kd_fail(-ENOMEM, "out of memory for a search");
+    c->pick = p;
+    c->pick_cap = n;
+    return 0;
 }
 
 static int ctx_top(struct kd_ctx *c, size_t k)
@@ -357,13 +378,89 @@ static struct kd_exact_data exact_data(const struct kd_index *ix)
     return d;
 }
 
+/* Early reads. Once the beam has made EARLY_AT of the expansions a search
+ * usually makes, the best EARLY_SHARE of the shortlist it has rarely changes:
+ * those records are read while the beam finishes, and only the rest of the
+ * final shortlist after it. A record read early that drops out of the
+ * shortlist is re-scored all the same (its exact distance is as good as any)
+ * and counted as early_unused. At 1M x 768, 80 reads per query: p50 0.73 ->
+ * 0.64 ms, 0.5 of 40 early reads unused; starting at 0.3 wasted 4.3, and
+ * reading 0.75 of the shortlist early wasted 6.6-23. */
+#define EARLY_AT 0.5
+#define EARLY_SHARE 0.5
+
+struct early_job {
+    struct kd_index *ix;
+    struct kd_ctx *c;
+    size_t want;
+};
+
+static int by_dist(const void *a, const void *b)
+{
+    const struct kd_heap_item *x = a, *y = b;
+    return x->dist < y->dist ? -1 : x->dist > y->dist ? 1 : (x->row > y->row) - (x->row < y->row);
+}
+
+static int by_row(const void *a, const void *b)
+{
+    const struct kd_heap_item *x = a, *y = b;
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+/* kd_search_early callback: read the best `want` found so far. */
+static void start_early_reads(void *arg, const struct kd_heap_item *best, size_t n)
+{
+    struct early_job *j = arg;
+    struct kd_ctx *c = j->c;
+    size_t m = n < j->want ? n : j->want;
+    if (m == 0)
+        return;
+    memcpy(c->pick, best, n * sizeof *best);
+    qsort(c->pick, n, sizeof *best, by_dist);
+    for (size_t i = 0; i < m; i++) {
+        c->rows[i] = c->pick[i].row;
+        c->rows64[i] = c->rows[i];
+    }
+    /* On failure the final batch simply reads them all. */
+    if (kd_vecio_submit(j->ix->vio, c->rows64, m, c->buf, j->ix->record_stride, &c->early) == 0)
+        c->nearly = m;
+    qsort(c->pick, c->nearly, sizeof *best, by_row);   /* for the lookups after the beam */
+}
+
+/* The final shortlist res[0..n): rows read early stay at the front; the others
+ * follow them and go out as one batch. */
+static int read_shortlist(struct kd_index *ix, struct kd_ctx *c, const struct kd_heap_item *res,
+                          size_t n)
+{
+    size_t total = c->nearly, used = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (c->nearly && bsearch(&res[i], c->pick, c->nearly, sizeof *res, by_row)) {
+            used++;
+            continue;
+        }
+        c->rows[total] = res[i].row;
+        c->rows64[total++] = res[i].row;
+    }
+    c->st.early_reads += c->nearly;
+    c->st.early_unused += c->nearly - used;
+    c->nshort = total;
+    c->finished = total == 0;
+    if (total == c->nearly)
+        return 0;
+    int err = kd_vecio_submit(ix->vio, c->rows64 + c->nearly, total - c->nearly,
+                              c->buf + c->nearly * ix->record_stride, ix->record_stride,
+                              &c->reads);
+    c->finished = err != 0;
+    return err;
+}
+
 /* Phase one of a query: the graph search over codes. It leaves the
  * shortlist's reads in flight (on disk), or the answer final. */
 static int query_begin(struct kd_index *ix, struct kd_ctx *c, const float *q,
                        const struct kd_search_params *sp, const struct filter_set *f)
 {
     size_t k = sp->k;
-    c->ntop = c->nshort = 0;
+    c->ntop = c->nshort = c->nearly = 0;
     c->finished = 1;
     int err = ctx_top(c, k);
     if (err)
@@ -377,18 +474,30 @@ static int query_begin(struct kd_index *ix, struct kd_ctx *c, const float *q,
     uint64_t t0 = kd_now_ns();
     if ((err = kd_scratch_reserve(&c->s, ix->count, ef, ix->graph.m0)))
         return err;
+    /* Room for the shortlist and the early reads, taken before any is in flight. */
+    struct early_job job = {ix, c, (size_t)ceil(EARLY_SHARE * (double)L)};
+    struct kd_search_early early = {SIZE_MAX, start_early_reads, &job, 0};
+    int reading = ix->on_disk && sp->rerank;
+    if (reading && ((err = ctx_rows(c, L + job.want)) || (err = ctx_buf(ix, c, L + job.want)) ||
+                    (err = ctx_pick(c, ef > L ? ef : L))))
+        return err;
+    if (reading && ix->read_early && c->expand_ratio > 0)
+        early.after = (size_t)(EARLY_AT * c->expand_ratio * (double)ef);
     kd_qcode_prepare(&ix->quant, c->q, &c->qc);
     struct estimate_ctx e = {ix, &c->qc};
     /* Searches hold the read lock, so live and count are stable here; with
      * nothing removed the tombstones need not be read per scored node. */
     struct kd_accept a = {ix->live < ix->count ? ix->deleted : NULL, f->allowed};
     size_t nres = kd_graph_search(&ix->graph, &c->s, ef, L, estimate_rows, prefetch_codes, &e,
-                                  &a);
+                                  &a, &early);
+    float ratio = (float)early.expansions / (float)ef;
+    c->expand_ratio = c->expand_ratio > 0 ? 0.9f * c->expand_ratio + 0.1f * ratio : ratio;
     const struct kd_heap_item *res = c->s.out;
     c->t_graph = kd_now_ns();
     c->st.graph_ns += c->t_graph - t0;
     if (nres < k && f->allowed && f->nrows > nres) {
-        /* The filter starved the beam: answer this query exactly. */
+        /* The filter starved the beam: answer this query exactly (early
+         * reads, if any, are reaped unused by query_end). */
         struct kd_exact_data d = exact_data(ix);
         struct kd_io_counters io = {0, 0, 0};
         err = kd_exact_search(&d, c->q, 1, k, f->rows, f->nrows, 1, c->top, &c->ntop, &io);
@@ -396,6 +505,8 @@ static int query_begin(struct kd_index *ix, struct kd_ctx *c, const float *q,
         c->st.read_bytes += io.read_bytes;
         c->st.io_wait_ns += io.wait_ns;
         c->st.exact_queries++;
+        c->st.early_reads += c->nearly;
+        c->st.early_unused += c->nearly;
         return err;
     }
     if (!sp->rerank) {
@@ -403,24 +514,17 @@ static int query_begin(struct kd_index *ix, struct kd_ctx *c, const float *q,
             c->top[c->ntop] = res[c->ntop];
         return 0;
     }
-    c->nshort = nres < L ? nres : L;
-    if ((err = ctx_rows(c, c->nshort)))
+    size_t n = nres < L ? nres : L;
+    if (ix->on_disk)
+        return read_shortlist(ix, c, res, n);
+    c->nshort = n;
+    if ((err = ctx_rows(c, n)))
         return err;
-    for (size_t i = 0; i < c->nshort; i++)
+    for (size_t i = 0; i < n; i++)
         c->rows[i] = res[i].row;
-    if (!ix->on_disk) {
-        score_in_memory(ix, c, k);
-        c->st.rerank_ns += kd_now_ns() - c->t_graph;
-        return 0;
-    }
-    /* The whole shortlist is one batch of reads. */
-    for (size_t i = 0; i < c->nshort; i++)
-        c->rows64[i] = c->rows[i];
-    if ((err = ctx_buf(ix, c, c->nshort)))
-        return err;
-    err = kd_vecio_submit(ix->vio, c->rows64, c->nshort, c->buf, ix->record_stride, &c->reads);
-    c->finished = err != 0;
-    return err;
+    score_in_memory(ix, c, k);
+    c->st.rerank_ns += kd_now_ns() - c->t_graph;
+    return 0;
 }
 
 /* Phase two: wait for the shortlist's records, rescore, write the answer.
@@ -430,15 +534,25 @@ static int query_end(struct kd_index *ix, struct kd_ctx *c, const struct kd_sear
                      float *D, int64_t *I, int skip)
 {
     int err = 0;
-    if (!c->finished) {
+    if (c->early || !c->finished) {
+        /* Early reads alone, the answer already final (the exact fallback
+         * after a starved beam), are reaped and not scored. */
+        int score = !c->finished;
         struct kd_io_counters io = {0, 0, 0};
-        err = kd_vecio_complete(c->reads, &io);
-        c->reads = NULL;
+        if (c->early) {
+            err = kd_vecio_complete(c->early, &io);
+            c->early = NULL;
+        }
+        if (c->reads) {
+            int e = kd_vecio_complete(c->reads, &io);
+            c->reads = NULL;
+            err = err ? err : e;
+        }
         c->finished = 1;
         c->st.read_ops += io.read_ops;
         c->st.read_bytes += io.read_bytes;
         c->st.io_wait_ns += io.wait_ns;
-        if (!err && !skip) {
+        if (!err && !skip && score) {
             uint64_t t0 = kd_now_ns();
             score_read(ix, c, sp->k);
             c->st.rerank_ns += kd_now_ns() - t0;
@@ -1552,10 +1666,11 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
                                      op->io_depth ? op->io_depth : 1};
         if ((err = kd_vecio_open(&ix->vio, &vc)))
             goto fail;
-        /* Vectors read with O_DIRECT never look at the page cache: only the
-         * buffered backends gain from reading them ahead. */
         struct kd_vecio_info vi;
         kd_vecio_get_info(ix->vio, &vi);
+        ix->read_early = vi.backend == KD_IO_URING || vi.backend == KD_IO_THREADS;
+        /* Vectors read with O_DIRECT never look at the page cache: only the
+         * buffered backends gain from reading them ahead. */
         if ((op->preload >> KD_SEC_VECTORS & 1) && !vi.direct_io)
             posix_fadvise(fd, (off_t)vectors->offset, (off_t)vectors->length,
                           POSIX_FADV_WILLNEED);

@@ -51,6 +51,7 @@ struct kd_search_params {
 struct kd_stats {
     uint64_t queries, read_ops, read_bytes, rerank_vectors;
     uint64_t io_wait_ns, graph_ns, rerank_ns, exact_queries;
+    uint64_t early_reads, early_unused;   /* read while the beam ran; of them, not shortlisted */
 };
 
 struct kd_info {

@@ -42,6 +42,11 @@
 #define KD_MAX_THREADS 64
 #define KD_MAX_RING 4096
 #define KD_MIN_BUF_ALIGN 64
+/* Under O_DIRECT our read buffers are page aligned and no record read crosses
+ * a page: a read whose buffer straddles a page boundary reaches the device as
+ * two segments, and on a virtio disk that cut random 4 KiB reads from ~160k to
+ * ~117k per second (benchmarks/bench_disk.py device probe, same queue depth). */
+#define KD_PAGE_ALIGN 4096u
 
 /* One read of one record (or one chunk of a range). */
 struct kd_req {
@@ -103,6 +108,7 @@ struct kd_vecio {
     uint32_t alignment;     /* probed direct-I/O alignment, reported in info */
     uint32_t read_align;    /* alignment reads must respect: alignment, or 1 if buffered */
     uint32_t buf_align;     /* alignment of buffers we allocate / want from callers */
+    size_t slot_bytes;      /* bounce bytes per in-flight read: max_span, buf_align-rounded */
     unsigned fallbacks;
     unsigned io_depth;
     unsigned ring_entries;  /* power of two >= in-flight bound */
@@ -489,14 +495,20 @@ static void uring_prep(struct io_uring *ring, const struct kd_vecio *v,
     io_uring_sqe_set_data(sqe, (void *)(uintptr_t)slot);   /* *_data64 needs liburing 2.2 */
 }
 
+/* Reads go to the kernel in chunks of this many, so that the device starts on
+ * the first ones while the kernel is still issuing the rest (an O_DIRECT read
+ * costs ~1 us to issue; single-query p50 at 80 reads: 0.71 -> 0.67 ms). */
+#define KD_SUBMIT_CHUNK 8
+
 /* Queue reads until `inflight` reaches the depth or the batch is queued. */
 static void uring_fill(struct kd_vecio *v, struct kd_vecio_pending *p)
 {
     struct kd_ctx *x = p->x;
+    unsigned queued = 0;
     while (!p->err && p->next < p->n && p->nfree > 0) {
         unsigned s = x->free_slots[--p->nfree];
         struct kd_req *r = &x->slots[s];
-        char *bounce = x->bounce ? x->bounce + (size_t)s * v->max_span : NULL;
+        char *bounce = x->bounce ? x->bounce + (size_t)s * v->slot_bytes : NULL;
         req_init(v, r, p->rows[p->next], p->dst + p->next * p->dst_stride, p->dst_stride, p->zc,
                  bounce);
         uring_prep(&x->ring, v, r, s);
@@ -504,6 +516,8 @@ static void uring_fill(struct kd_vecio *v, struct kd_vecio_pending *p)
         p->c.read_bytes += r->len;
         p->inflight++;
         p->next++;
+        if (++queued % KD_SUBMIT_CHUNK == 0)
+            io_uring_submit(&x->ring);   /* errors resurface in uring_finish */
     }
 }
 
@@ -986,8 +1000,8 @@ int kd_vecio_open(struct kd_vecio **out, const struct kd_vecio_config *cfg)
     if ((rc = probe_file(v)) < 0)
         goto fail;
     v->buf_align = KD_MIN_BUF_ALIGN;
-    if (v->direct && v->alignment > v->buf_align)
-        v->buf_align = v->alignment;
+    if (v->direct)
+        v->buf_align = v->alignment > KD_PAGE_ALIGN ? v->alignment : KD_PAGE_ALIGN;
     if (v->direct && v->count > 0) {
         rc = probe_direct_read(v);
         if (rc < 0)
@@ -1017,6 +1031,7 @@ int kd_vecio_open(struct kd_vecio **out, const struct kd_vecio_config *cfg)
 
     v->max_span = v->direct ? kd_round_up(v->record_bytes, v->read_align) + v->read_align
                             : v->record_bytes;
+    v->slot_bytes = kd_round_up(v->max_span, v->buf_align);
     v->inflight = cfg->io_depth < KD_MAX_RING ? cfg->io_depth : KD_MAX_RING;
 #ifdef KD_HAVE_LIBURING
     v->ring_entries = ring_size_for(v->inflight);
@@ -1102,11 +1117,13 @@ int kd_vecio_have_uring(void)
 /* ------------------------------------------------------------------ */
 /* Reads                                                               */
 
-/* Whether records can be read straight into dst under O_DIRECT. */
+/* Whether records can be read straight into dst under O_DIRECT: aligned, and
+ * no record's slot crossing a page (see KD_PAGE_ALIGN). */
 static int zero_copy_ok(const struct kd_vecio *v, const void *dst, size_t dst_stride)
 {
     uint32_t a = v->read_align;
-    return (uintptr_t)dst % v->buf_align == 0 && dst_stride % a == 0 &&
+    int whole_pages = dst_stride % KD_PAGE_ALIGN == 0 || KD_PAGE_ALIGN % dst_stride == 0;
+    return (uintptr_t)dst % v->buf_align == 0 && dst_stride % a == 0 && whole_pages &&
            v->stride % a == 0 && v->offset % a == 0;
 }
 
@@ -1160,7 +1177,7 @@ int kd_vecio_submit(struct kd_vecio *v, const uint64_t *rows, size_t n, void *ds
 #ifdef KD_HAVE_LIBURING
     if (v->backend == KD_IO_URING) {
         if (!p->zc && v->direct &&
-            (rc = ctx_bounce(v, p->x, (size_t)v->inflight * v->max_span)) < 0)
+            (rc = ctx_bounce(v, p->x, (size_t)v->inflight * v->slot_bytes)) < 0)
             goto fail;
         uring_start(v, p);
         p->how = PENDING_URING;

@@ -21,7 +21,7 @@ def _build(tmp_path, with_uring):
         pytest.skip("no C compiler to build tests/c/test_vecio.c")
     exe = str(tmp_path / ("test_vecio_uring" if with_uring else "test_vecio"))
     cmd = [cc, "-O1", "-g", "-std=c11", "-Wall", "-Wextra", "-Werror",
-           "-I" + os.path.join(ROOT, "csrc")] + SOURCES + ["-lpthread", "-o", exe]
+           "-I" + os.path.join(ROOT, "csrc")] + SOURCES + ["-lpthread", "-ldl", "-o", exe]
     if with_uring:
         cmd[1:1] = ["-DKD_HAVE_LIBURING"]
         cmd.insert(-2, "-luring")

@@ -503,6 +503,8 @@ static PyObject *Index_stats(KdIndexObject *self, PyObject *args)
     SET(d, "read_ops", PyLong_FromUnsignedLongLong(s.read_ops));
     SET(d, "read_bytes", PyLong_FromUnsignedLongLong(s.read_bytes));
     SET(d, "rerank_vectors", PyLong_FromUnsignedLongLong(s.rerank_vectors));
+    SET(d, "early_reads", PyLong_FromUnsignedLongLong(s.early_reads));
+    SET(d, "early_unused", PyLong_FromUnsignedLongLong(s.early_unused));
     SET(d, "io_wait_seconds", PyFloat_FromDouble((double)s.io_wait_ns * 1e-9));
     SET(d, "graph_seconds", PyFloat_FromDouble((double)s.graph_ns * 1e-9));
     SET(d, "rerank_seconds", PyFloat_FromDouble((double)s.rerank_ns * 1e-9));

@@ -436,7 +436,10 @@ class Index:
         -------
         dict
             queries, exact_queries, read_ops, read_bytes (int),
-            rerank_vectors (int: shortlist entries re-scored), and
+            rerank_vectors (int: records re-scored), early_reads (int:
+            records read while the graph search was still running, with
+            io_uring or threads), early_unused (int: of those, records that
+            the final shortlist did not keep; they are re-scored too), and
             io_wait_seconds, graph_seconds, rerank_seconds (float). Bytes read
             per query, ``read_bytes / queries``, compares with the ideal
             ``rerank_vectors / queries * info()["record_size"]``.

@@ -58,6 +58,8 @@ class _IndexStats(TypedDict):
     read_ops: int
     read_bytes: int
     rerank_vectors: int
+    early_reads: int
+    early_unused: int
     io_wait_seconds: float
     graph_seconds: float
     rerank_seconds: float

@@ -2,10 +2,11 @@
  *
  * Build and run from the repository root (see tests/c/Makefile):
  *   gcc -O2 -g -Wall -Wextra -std=c11 -DKD_HAVE_LIBURING -fsanitize=address,undefined \
- *       -Icsrc csrc/common.c csrc/vecio.c tests/c/test_vecio.c -luring -lpthread \
+ *       -Icsrc csrc/common.c csrc/vecio.c tests/c/test_vecio.c -luring -lpthread -ldl \
  *       -o /tmp/test_vecio && /tmp/test_vecio
  * and once without -DKD_HAVE_LIBURING / -luring. Files go to /tmp (O_DIRECT)
- * and /dev/shm (tmpfs: the buffered fallback). */
+ * and /dev/shm (tmpfs: the buffered fallback). pread and liburing's submit calls
+ * are interposed to see every O_DIRECT read's buffer (link with -ldl). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -30,6 +31,68 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <dlfcn.h>
+#include <stdatomic.h>
+#ifdef KD_HAVE_LIBURING
+#include <liburing.h>
+#endif
+
+/* ---- Every O_DIRECT read's buffer, seen on its way to the kernel.
+ * pread and liburing's submit calls are interposed: a read that fits in a
+ * page must not cross one, a longer one must start on a page (vecio.c,
+ * KD_PAGE_ALIGN: a buffer straddling pages costs the device a segment). */
+static atomic_ulong n_direct_seen, n_page_crossing;
+static atomic_int watching;   /* test_configs only: no short reads resumed mid-buffer */
+
+static void see_read(int fd, uintptr_t buf, size_t len)
+{
+    int fl = atomic_load(&watching) ? fcntl(fd, F_GETFL) : -1;
+    if (fl < 0 || !(fl & O_DIRECT))
+        return;
+    uintptr_t in_page = buf % 4096;
+    atomic_fetch_add(&n_direct_seen, 1);
+    if (in_page != 0 && in_page + len > 4096) {
+        if (atomic_fetch_add(&n_page_crossing, 1) == 0)
+            printf("  O_DIRECT read of %zu bytes at buffer offset %lu in its page\n", len,
+                   (unsigned long)in_page);
+    }
+}
+
+ssize_t pread(int fd, void *buf, size_t n, off_t off)
+{
+    see_read(fd, (uintptr_t)buf, n);
+    return syscall(SYS_pread64, fd, buf, n, off);
+}
+
+#ifdef KD_HAVE_LIBURING
+static void see_sqes(struct io_uring *ring)
+{
+    unsigned mask = *ring->sq.kring_mask;
+    for (unsigned h = ring->sq.sqe_head; h != ring->sq.sqe_tail; h++) {
+        const struct io_uring_sqe *sqe = &ring->sq.sqes[h & mask];
+        if (sqe->opcode == IORING_OP_READ)
+            see_read(sqe->fd, (uintptr_t)sqe->addr, sqe->len);
+    }
+}
+
+int io_uring_submit(struct io_uring *ring)
+{
+    static int (*real)(struct io_uring *);
+    if (!real)
+        *(void **)&real = dlsym(RTLD_NEXT, "io_uring_submit");
+    see_sqes(ring);
+    return real(ring);
+}
+
+int io_uring_submit_and_wait(struct io_uring *ring, unsigned wait_nr)
+{
+    static int (*real)(struct io_uring *, unsigned);
+    if (!real)
+        *(void **)&real = dlsym(RTLD_NEXT, "io_uring_submit_and_wait");
+    see_sqes(ring);
+    return real(ring, wait_nr);
+}
+#endif
 
 #define HEADER 4096u
 #define PAD_BYTE 0xAB
@@ -230,6 +293,7 @@ static void check_reads(struct kd_vecio *v, const char *what, uint32_t rb, uint3
 
 static void test_configs(void)
 {
+    atomic_store(&watching, 1);
     static const uint32_t cfgs[][2] = { { 3072, 4096 }, { 512, 512 }, { 128, 128 },
                                         { 8192, 8192 }, { 100, 300 } };
     for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
@@ -271,6 +335,10 @@ static void test_configs(void)
         }
         unlink(path);
     }
+    atomic_store(&watching, 0);
+    CHECK(atomic_load(&n_direct_seen) > 1000 && atomic_load(&n_page_crossing) == 0,
+          "%lu of %lu O_DIRECT reads crossed a page in their buffer",
+          atomic_load(&n_page_crossing), atomic_load(&n_direct_seen));
 }
 
 static void test_auto_and_env(void)
