@@ -196,6 +196,17 @@ def build(base, metric="l2", ids=None, **kw):
     return index
 
 
+def build_saved(tmp_path_factory, name, base, metric="l2", **kw):
+    """Build an index over base, save it as <fresh tmp dir>/<name>.kdx and
+    close it; returns the path. pytest's tmp dirs live on the root
+    filesystem, where O_DIRECT works."""
+    index = build(base, metric, **kw)
+    path = tmp_path_factory.mktemp(name) / (name + ".kdx")
+    index.save(path)
+    index.close()
+    return path
+
+
 def has_io_uring():
     if os.environ.get("KNNDIRECT_DISABLE_IO_URING"):
         return False

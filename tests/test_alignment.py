@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import knndirect as kd
-from conftest import build, clustered, open_quiet, same_bytes
+from conftest import build_saved, clustered, open_quiet, same_bytes
 
 # dim -> record stride: 100 -> 512 B, 1024 -> 4096 B, 1100 -> 8192 B
 DIMS = [100, 1024, 1100]
@@ -17,11 +17,7 @@ DIMS = [100, 1024, 1100]
 def saved(request, tmp_path_factory):
     d = request.param
     base = clustered(600, d, seed=7000 + d)
-    idx = build(base, "l2", m=8, ef_construction=40)
-    path = tmp_path_factory.mktemp(f"align{d}") / "a.kdx"
-    idx.save(path)
-    idx.close()
-    return d, base, path
+    return d, base, build_saved(tmp_path_factory, f"align{d}", base, m=8, ef_construction=40)
 
 
 @pytest.mark.parametrize("align", [None, 4096])

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import brute_force, build, open_quiet, recall_at_k, split
+from conftest import brute_force, build_saved, open_quiet, recall_at_k, split
 
 N, NQ, DIM, K = 6000, 60, 128, 10
 OVERSAMPLE = 8
@@ -18,11 +18,7 @@ EARLY_BACKENDS = ("io_uring", "threads")
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     base, queries = split(N, NQ, DIM, seed=7100)
-    index = build(base, "l2")
-    path = tmp_path_factory.mktemp("early") / "early.kdx"
-    index.save(path)
-    index.close()
-    return base, queries, path
+    return base, queries, build_saved(tmp_path_factory, "early", base)
 
 
 def _search(idx, queries, batch):

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import build, clustered, open_quiet, split
+from conftest import build, build_saved, clustered, open_quiet, split
 
 N, NQ = 3000, 20
 RECORD_SIZE = {128: 512, 768: 4096}
@@ -16,12 +16,7 @@ DIRECT_BACKENDS = ("auto", "io_uring", "threads", "pread")
 def saved(request, tmp_path_factory):
     d = request.param
     base, queries = split(N, NQ, d, seed=5000 + d)
-    index = build(base, "l2")
-    # pytest's tmp dirs live on the root filesystem (ext4, 512-byte DIO)
-    path = tmp_path_factory.mktemp("rv") / ("rv_%d.kdx" % d)
-    index.save(path)
-    index.close()
-    return d, base, queries, path
+    return d, base, queries, build_saved(tmp_path_factory, "rv_%d" % d, base)
 
 
 @pytest.fixture(params=DIRECT_BACKENDS)
