@@ -70,10 +70,6 @@ struct kd_accept {
     const uint8_t *allowed;   /* NULL: no filter */
 };
 
-/* Greedy descent from the entry to level 1, then a beam of width ef on level
- * 0. Results, ascending by distance, are left at s->out; returns how many.
- * With keep > ef they are the best `keep` of every node the beam scored, not
- * only of the beam: a deep shortlist then costs no wider a beam. */
 /* An optional call in the middle of the level-0 beam: after `after`
  * expansions, fn gets the best nodes found so far (unordered), so that a
  * caller can start work on the likely answer while the beam goes on.
@@ -85,6 +81,11 @@ struct kd_search_early {
     size_t expansions;
 };
 
+/* Greedy descent from the entry to level 1, then a beam of width ef on level
+ * 0. Results, ascending by distance, are left at s->out; returns how many.
+ * With keep > ef they are the best `keep` of every node the beam scored, not
+ * only of the beam: a deep shortlist then costs no wider a beam. early may be
+ * NULL. */
 size_t kd_graph_search(const struct kd_graph *g, struct kd_search_scratch *s, size_t ef,
                        size_t keep, kd_batch_dist_fn dist, kd_prefetch_fn prefetch, void *dctx,
                        const struct kd_accept *accept, struct kd_search_early *early);
