@@ -1289,7 +1289,7 @@ def markdown(res):
     add("")
     add(f"**Single stream** ({res['queries']:,} queries one at a time; latency also in "
         f"multiples of the device's QD1 latency, {fmt(qd1_us, '.0f')} µs; per query: reads "
-        f"(with io_uring and threads, those started while the beam ran, and of them the ones "
+        f"(with io_uring, those started while the beam ran, and of them the ones "
         f"the final shortlist dropped), "
         f"bytes as the index counts them against the ideal shortlist × record_size, bytes "
         f"the kernel read for the process (/proc/self/io), graph-search time and I/O wait; "
