@@ -475,13 +475,13 @@ static int query_begin(struct kd_index *ix, struct kd_ctx *c, const float *q,
     if ((err = kd_scratch_reserve(&c->s, ix->count, ef, ix->graph.m0)))
         return err;
     /* Room for the shortlist and the early reads, taken before any is in flight. */
-    struct early_job job = {ix, c, (size_t)ceil(EARLY_SHARE * (double)L)};
+    int reading = ix->on_disk && sp->rerank, early_ok = reading && ix->read_early;
+    struct early_job job = {ix, c, early_ok ? (size_t)ceil(EARLY_SHARE * (double)L) : 0};
     struct kd_search_early early = {SIZE_MAX, start_early_reads, &job, 0};
-    int reading = ix->on_disk && sp->rerank;
     if (reading && ((err = ctx_rows(c, L + job.want)) || (err = ctx_buf(ix, c, L + job.want)) ||
-                    (err = ctx_pick(c, ef > L ? ef : L))))
+                    (early_ok && (err = ctx_pick(c, ef > L ? ef : L)))))
         return err;
-    if (reading && ix->read_early && c->expand_ratio > 0)
+    if (early_ok && c->expand_ratio > 0)
         early.after = (size_t)(EARLY_AT * c->expand_ratio * (double)ef);
     kd_qcode_prepare(&ix->quant, c->q, &c->qc);
     struct estimate_ctx e = {ix, &c->qc};
