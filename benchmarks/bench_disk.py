@@ -721,7 +721,39 @@ def task_diskann_search(spec):
     return out
 
 
+def task_busy_probe(spec):
+    """The depth-32 probe again while every core runs graph searches over the
+    codes (rerank=False: no reads of their own), as the CPU side of a search
+    load would: on a virtual disk the device's rate depends on the CPU left to
+    drive it."""
+    import knndirect as kd
+    q = np.load(spec["queries"])
+    index = kd.open(spec["index"], io_backend="io_uring")
+    cores = os.cpu_count() or 1
+
+    def burn(seconds, stop=None):
+        done, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds and not (stop and stop.is_set()):
+            index.search(q, K, rerank=False, threads=cores)
+            done += len(q)
+        return done / (time.perf_counter() - t0)
+
+    alone = burn(spec["seconds"])
+    stop, rate = threading.Event(), []
+    t = threading.Thread(target=lambda: rate.append(burn(10 * spec["seconds"], stop)))
+    t.start()
+    time.sleep(1)
+    fio = fio_randread(spec["index"], spec["offset"], spec["length"], 32, spec["seconds"])
+    fio.pop("cpu_us_per_read", None)   # the searches' CPU time is in it too
+    stop.set()
+    t.join()
+    index.close()
+    return {"fio": fio, "graph_qps_alone": alone, "graph_qps_with_fio": rate[0],
+            "threads": cores}
+
+
 TASKS = {"build": task_build, "memory": task_memory, "disk": task_disk,
+         "busy_probe": task_busy_probe,
          "diskann_build": task_diskann_build, "diskann_search": task_diskann_search}
 
 
@@ -937,6 +969,13 @@ def main(argv=None):
     qd32 = fio_randread(paths["index"], vec_off, vec_len, 32, args.probe_seconds)
     res["device"] = {"qd1": qd1, "qd32": qd32, "loadavg": loadavg()}
     log(f"  depth 1: {qd1}\n  depth 32: {qd32}")
+    busy = run_child(dict(common, task="busy_probe", offset=vec_off, length=vec_len,
+                          seconds=args.probe_seconds), snapshot=snap)
+    res["device"]["qd32_busy"] = busy
+    log(f"  depth 32 while {busy.get('threads')} threads run graph searches: "
+        f"{busy.get('fio', busy.get('error'))}; graph searches "
+        f"{fmt(busy.get('graph_qps_alone'), ',.0f')} q/s alone, "
+        f"{fmt(busy.get('graph_qps_with_fio'), ',.0f')} q/s beside fio")
     qd1_us = qd1.get("lat_mean_us")
     iops32 = qd32.get("iops")
 
@@ -1166,6 +1205,12 @@ def run_diskann(args, paths, base, info, cg, cap, snap, root):
 
 # ---------------------------------------------------------------- summary and report
 
+def io_bound_busy(res, point):
+    """QD32 IOPS with every core running graph searches / shortlist."""
+    fio = res["device"].get("qd32_busy", {}).get("fio") or {}
+    return fio["iops"] / shortlist(point["oversample"]) if fio.get("iops") else None
+
+
 def cpu_bound_with_reads(res, cpu_bound, point):
     """The in-RAM CPU bound with the CPU time the reads themselves take (the
     device probe's CPU per read at depth 32): cores / (CPU per query in RAM +
@@ -1233,7 +1278,8 @@ def summarize(res):
                           "binding": which, "io_bound": out["io_bound"],
                           "cpu_bound": out["cpu_bound"],
                           "cpu_bound_with_reads": cpu_bound_with_reads(res, out["cpu_bound"],
-                                                                       point)}
+                                                                       point),
+                          "io_bound_cores_busy": io_bound_busy(res, point)}
             t.append((f"Throughput: sustainable rate ≥ 70% of min(I/O bound, CPU bound), "
                       f"{name}",
                       f"{r['sustainable_rate']:.0f}/s vs the {which} bound {bound:.0f}/s "
@@ -1331,6 +1377,12 @@ def markdown(res):
     add("| queue depth | engine | IOPS | mean latency | p50 | p99 |")
     add("| --- | --- | --- | --- | --- | --- |")
     probes = [(str(qd1.get("depth", 1)), qd1), (str(qd32.get("depth", 32)), qd32)]
+    busy = dev.get("qd32_busy", {})
+    if busy.get("fio"):
+        probes.append((f"32, while {busy['threads']} threads run graph searches (rerank=False; "
+                       f"{fmt(busy['graph_qps_alone'], ',.0f')} q/s alone, "
+                       f"{fmt(busy['graph_qps_with_fio'], ',.0f')} q/s beside fio)",
+                       busy["fio"]))
     probes += [(f"{p.get('depth')}, submitted and awaited as one batch ({label} shortlist): "
                 f"**{fmt(p.get('batch_ms'), '.3f')} ms per batch**", p)
                for label, p in dev.get("batches", {}).items()]
@@ -1428,8 +1480,9 @@ def markdown(res):
         f"{res['load']['p99_limit_ms']:.0f} ms and ≤ {res['load']['shed_limit']:.1%} shed)")
     add("")
     add("| point | where | sustainable rate | p50 / p99 there | shed | recall@10 | I/O bound | "
-        "CPU bound (in-RAM batch) | rate / min(bounds) | CPU bound counting the reads |")
-    add("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        "CPU bound (in-RAM batch) | rate / min(bounds) | CPU bound counting the reads | "
+        "I/O bound with the cores busy |")
+    add("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for label in points:
         out = res["load_disk"].get(label, {})
         r = out.get("load", {}).get(label)
@@ -1441,9 +1494,10 @@ def markdown(res):
                 f"{fmt(a.get('shed_fraction'), '.2%')} | {fmt(a.get('recall'), '.4f')} | "
                 f"{fmt(out['io_bound'], ',.0f')}/s | {out['cpu_bound']:,.0f}/s | "
                 f"{sp['fraction']:.0%} ({sp['binding']}-bound) | "
-                f"{fmt(sp['cpu_bound_with_reads'], ',.0f')}/s |")
+                f"{fmt(sp['cpu_bound_with_reads'], ',.0f')}/s | "
+                f"{fmt(sp['io_bound_cores_busy'], ',.0f')}/s |")
         else:
-            add(f"| {label} | under the cap | error: {out.get('error')} | | | | | | | |")
+            add(f"| {label} | under the cap | error: {out.get('error')} | | | | | | | | |")
         rm = mem.get("load", {}).get(label)
         if rm:
             a = rm["at_rate"] or {}
@@ -1452,14 +1506,19 @@ def markdown(res):
                 f"{rm['sustainable_rate']:,.0f}/s | {fmt(a.get('p50_ms'))} / "
                 f"{fmt(a.get('p99_ms'))} ms | {fmt(a.get('shed_fraction'), '.2%')} | "
                 f"{fmt(a.get('recall'), '.4f')} | – | {cpu:,.0f}/s | "
-                f"{rm['sustainable_rate'] / cpu:.0%} of the CPU bound | – |")
+                f"{rm['sustainable_rate'] / cpu:.0%} of the CPU bound | – | – |")
     add("")
     per_read = qd32.get("cpu_us_per_read")
+    busy_fio = dev.get("qd32_busy", {}).get("fio") or {}
     if per_read:
-        add(f"The last column adds to the in-RAM CPU time per query the CPU time of its reads: "
-            f"{per_read:.1f} µs per read, all cores, outside idle, I/O wait and steal, while the "
-            f"depth-32 probe ran ({qd32['iops']:,.0f} IOPS took "
-            f"{qd32['iops'] * per_read / 1e6:.2f} cores). The targets' bounds leave it out.")
+        add(f"The last two columns are not the targets' bounds; they show what those leave out. "
+            f"CPU bound counting the reads: the in-RAM CPU time per query plus the CPU time of "
+            f"its reads, {per_read:.1f} µs per read (all cores, outside idle, I/O wait and "
+            f"steal, while the depth-32 probe ran: {qd32['iops']:,.0f} IOPS took "
+            f"{qd32['iops'] * per_read / 1e6:.2f} cores)."
+            + (f" I/O bound with the cores busy: the depth-32 probe's IOPS while every core ran "
+               f"graph searches ({busy_fio['iops']:,.0f} against {qd32['iops']:,.0f} on an "
+               f"otherwise idle machine) / shortlist." if busy_fio.get("iops") else ""))
         add("")
     da = res.get("diskann", {})
     add("**Against diskannpy** (same data, same cap, page cache dropped; batch search with "
