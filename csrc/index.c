@@ -424,10 +424,36 @@ static size_t early_after(const struct early_job *j)
                : SIZE_MAX;
 }
 
-static int by_dist(const void *a, const void *b)
+static inline int closer(const struct kd_heap_item *x, const struct kd_heap_item *y)
 {
-    const struct kd_heap_item *x = a, *y = b;
-    return x->dist < y->dist ? -1 : x->dist > y->dist ? 1 : (x->row > y->row) - (x->row < y->row);
+    return x->dist < y->dist || (x->dist == y->dist && x->row < y->row);
+}
+
+/* Move the m closest of a[0..n) to a[0..m), in no particular order
+ * (quickselect: the waves need the set, and a sort of an ef-sized beam three
+ * times a query is not free). Rows are distinct, so no two items tie. */
+static void select_closest(struct kd_heap_item *a, size_t n, size_t m)
+{
+    size_t lo = 0, hi = n;
+    while (lo < m && m < hi && hi - lo > 1) {
+        struct kd_heap_item pivot = a[lo + (hi - lo) / 2], t;
+        size_t lt = lo, i = lo, gt = hi;   /* [lo,lt) < pivot, [gt,hi) > pivot */
+        while (i < gt) {
+            if (closer(&a[i], &pivot)) {
+                t = a[lt], a[lt++] = a[i], a[i++] = t;
+            } else if (closer(&pivot, &a[i])) {
+                t = a[--gt], a[gt] = a[i], a[i] = t;
+            } else {
+                i++;
+            }
+        }
+        if (m <= lt)
+            hi = lt;
+        else if (m >= gt)
+            lo = gt;
+        else
+            break;
+    }
 }
 
 static int by_u32(const void *a, const void *b)
@@ -452,7 +478,7 @@ static void start_early_reads(void *arg, const struct kd_heap_item *best, size_t
     if (want > n)
         want = n;
     memcpy(c->pick, best, n * sizeof *best);
-    qsort(c->pick, n, sizeof *best, by_dist);
+    select_closest(c->pick, n, want);
     for (size_t i = 0; i < want && at + fresh < j->most; i++)
         if (!read_early(c, c->pick[i].row)) {
             c->rows[at + fresh] = c->pick[i].row;
