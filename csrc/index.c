@@ -73,7 +73,7 @@ struct kd_index {
     size_t map_len;
     struct kd_vecio *vio;
     int read_early;               /* early reads pay off (io_uring) */
-    unsigned searching;           /* queries between query_begin and query_end */
+    unsigned searching;           /* with read_early: queries between query_begin and query_end */
 
     pthread_rwlock_t lock;
     pthread_mutex_t pool_lock;
@@ -529,7 +529,10 @@ static int query_begin(struct kd_index *ix, struct kd_ctx *c, const float *q,
                        const struct kd_search_params *sp, const struct filter_set *f)
 {
     size_t k = sp->k;
-    unsigned searching = __atomic_add_fetch(&ix->searching, 1, __ATOMIC_RELAXED);
+    /* Counted only where it chooses how to read early: one shared write less
+     * per query elsewhere. */
+    unsigned searching = ix->read_early ? __atomic_add_fetch(&ix->searching, 1, __ATOMIC_RELAXED)
+                                        : 0;
     c->ntop = c->nshort = c->nearly = 0;
     c->finished = 1;
     int err = ctx_top(c, k);
@@ -607,7 +610,8 @@ static int query_end(struct kd_index *ix, struct kd_ctx *c, const struct kd_sear
                      float *D, int64_t *I, int skip)
 {
     int err = 0;
-    __atomic_sub_fetch(&ix->searching, 1, __ATOMIC_RELAXED);
+    if (ix->read_early)
+        __atomic_sub_fetch(&ix->searching, 1, __ATOMIC_RELAXED);
     if (c->nearly || !c->finished) {
         /* Early reads alone, the answer already final (the exact fallback
          * after a starved beam), are reaped and not scored. */

@@ -439,8 +439,9 @@ class Index:
             rerank_vectors (int: records re-scored), early_reads (int:
             records read while the graph search was still running, with
             io_uring: up to three quarters of the shortlist for a search
-            alone, half while other searches are in flight), early_unused (int: of those, records that
-            the final shortlist did not keep; they are re-scored too), and
+            alone, half while other searches are in flight), early_unused
+            (int: of those, records that the final shortlist did not keep;
+            they are re-scored too), and
             io_wait_seconds, graph_seconds, rerank_seconds (float). Bytes read
             per query, ``read_bytes / queries``, compares with the ideal
             ``rerank_vectors / queries * info()["record_size"]``.
