@@ -10,6 +10,10 @@
 
 #define KD_ERRMSG_LEN 256
 
+/* A truncated, damaged or foreign file. Kept apart from EINVAL (a bad
+ * argument) so the binding can raise CorruptIndexError for it. */
+#define KD_ECORRUPT EBADMSG
+
 /* Record a message for the most recent failure on this thread; returns err so
  * callers can write `return kd_fail(-EINVAL, "...")`. */
 int kd_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
