@@ -1,0 +1,173 @@
+"""Interleaved A/B of two builds of knndirect: build time, in-RAM search and
+on-disk search, on the same data in one run.
+
+    python benchmarks/ab.py --base REV [--head REV] [--n 100000] [--dim 128] [--rounds 5]
+
+Each revision is exported from git (`--head` defaults to the working tree as
+it is, uncommitted changes included) and its extension built out of tree
+under --work. The data and the ground truth are made once. Each round runs
+one fresh process per build, in alternating order (A B, then B A, ...), so
+drift of a shared, noisy machine falls on both sides alike. Every process
+builds an index (threads=2), saves it, searches a batch in RAM, runs single
+queries in RAM, then opens the file with io_uring (or threads where io_uring
+is absent) and runs single queries and a batch from disk. The table gives
+the median of each figure per build and the ratio head / base.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The workload, run in a fresh interpreter with one build on its path.
+WORKLOAD = r"""
+import json, os, sys, time
+import numpy as np
+import knndirect as kd
+from knndirect.datasets import recall_at_k
+
+data = np.load(sys.argv[1], mmap_mode="r")
+queries = np.load(sys.argv[2])
+truth = np.load(sys.argv[3])
+path = sys.argv[4]
+out = {}
+index = kd.Index(data.shape[1], "l2", seed=1)
+t0 = time.perf_counter()
+index.add(np.ascontiguousarray(data), threads=2)
+out["build_s"] = time.perf_counter() - t0
+index.save(path)
+
+def passes(fn, reps):
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+def singles(ix, qs):
+    lat = []
+    for q in qs:
+        t0 = time.perf_counter()
+        ix.search(q, k=10)
+        lat.append(time.perf_counter() - t0)
+    return float(np.median(lat)) * 1e3
+
+_, ids = index.search(queries, k=10, threads=2)
+out["recall_ram"] = recall_at_k(ids, truth, 10)
+out["batch_ram_qps"] = len(queries) / passes(lambda: index.search(queries, k=10, threads=2), 5)
+out["single_ram_p50_ms"] = singles(index, queries)
+index.close()
+
+backend = "io_uring" if kd.features()["io_uring"] else "threads"
+disk = kd.open(path, io_backend=backend)
+_, ids = disk.search(queries, k=10, threads=2)
+out["recall_disk"] = recall_at_k(ids, truth, 10)
+out["single_disk_p50_ms"] = singles(disk, queries)
+out["batch_disk_qps"] = len(queries) / passes(lambda: disk.search(queries, k=10, threads=2), 3)
+disk.close()
+os.unlink(path)
+print("AB " + json.dumps(out))
+"""
+
+# Figures where larger is better; the rest are times.
+LARGER_BETTER = {"batch_ram_qps", "batch_disk_qps", "recall_ram", "recall_disk"}
+
+
+def export(rev, dest):
+    """The tree of REV (None: the working tree as it is) under dest."""
+    if rev is None:
+        files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                               check=True, capture_output=True).stdout.split(b"\0")
+        for f in filter(None, files):
+            src = os.path.join(ROOT, os.fsdecode(f))
+            if os.path.isfile(src):
+                os.makedirs(os.path.dirname(os.path.join(dest, os.fsdecode(f))), exist_ok=True)
+                shutil.copy2(src, os.path.join(dest, os.fsdecode(f)))
+        return
+    os.makedirs(dest)
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+
+
+def build(rev, work, name):
+    """Build REV's extension out of tree; returns the folder to put on PYTHONPATH."""
+    src = os.path.join(work, name + "-src")
+    lib = os.path.join(work, name + "-lib")
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.rmtree(lib, ignore_errors=True)
+    export(rev, src)
+    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", lib,
+                    "--build-temp", os.path.join(work, name + "-tmp")], cwd=src, check=True,
+                   stdout=subprocess.DEVNULL)
+    shutil.copytree(os.path.join(src, "python", "knndirect"), os.path.join(lib, "knndirect"),
+                    dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.so"))
+    return lib
+
+
+def run_once(lib, files, index_path):
+    env = dict(os.environ, PYTHONPATH=lib)
+    res = subprocess.run([sys.executable, "-c", WORKLOAD, *files, index_path], env=env,
+                         check=True, capture_output=True, text=True)
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("AB ")][-1]
+    return json.loads(line[3:])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", required=True, help="git revision A")
+    p.add_argument("--head", default=None, help="git revision B (default: the working tree)")
+    p.add_argument("--n", type=int, default=100_000)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--queries", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--work", default=None, help="scratch folder (default: a temp dir)")
+    p.add_argument("--json", default=None, help="write every measurement here")
+    args = p.parse_args(argv)
+
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from knndirect.datasets import clustered, ground_truth
+
+    work = args.work or tempfile.mkdtemp(prefix="kd-ab-")
+    os.makedirs(work, exist_ok=True)
+    libs = {"base": build(args.base, work, "base"), "head": build(args.head, work, "head")}
+    allv = clustered(args.n + args.queries, args.dim, seed=7)
+    data, queries = allv[:args.n], np.ascontiguousarray(allv[args.n:])
+    files = [os.path.join(work, f) for f in ("data.npy", "queries.npy", "truth.npy")]
+    np.save(files[0], data)
+    np.save(files[1], queries)
+    np.save(files[2], ground_truth(data, queries, 10, "l2")[0])
+
+    runs = {"base": [], "head": []}
+    for r in range(args.rounds):
+        order = ("base", "head") if r % 2 == 0 else ("head", "base")
+        for name in order:
+            runs[name].append(run_once(libs[name], files, os.path.join(work, name + ".kdx")))
+            print(f"round {r + 1} {name}: " + ", ".join(f"{k} {v:.4g}"
+                                                       for k, v in runs[name][-1].items()),
+                  flush=True)
+    keys = list(runs["base"][0])
+    print(f"\n{args.n:,} x {args.dim}, {args.queries} queries, {args.rounds} interleaved rounds, "
+          f"base {args.base} vs head {args.head or 'working tree'} (medians)\n")
+    print("| figure | base | head | head / base |\n| --- | --- | --- | --- |")
+    for k in keys:
+        a = float(np.median([x[k] for x in runs["base"]]))
+        b = float(np.median([x[k] for x in runs["head"]]))
+        note = " (higher is better)" if k in LARGER_BETTER else ""
+        print(f"| {k}{note} | {a:.4g} | {b:.4g} | {b / a:.3f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "runs": runs}, f, indent=1)
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
