@@ -81,6 +81,11 @@ def test_vector_section_holds_count_records(saved):
     meta = C.read_metadata(path)
     assert meta["count"] == n and meta["dim"] == info["dim"]
     assert meta["record_stride"] == info["record_size"]
+    raw = C.read_section(blob, "metadata")
+    for field, off in C.METADATA_OFFSETS.items():
+        fmt = "<Q" if field in ("count", "live", "seed") else "<i" if field == "max_level" \
+            else "<I"
+        assert struct.unpack_from(fmt, raw, off)[0] == meta[field], field
     assert C.read_layout(blob)["ids"].length == 8 * n
     assert C.read_layout(blob)["tombstones"].length == n
 

@@ -35,7 +35,7 @@ import numpy as np
 __all__ = [
     "BLOCK", "HEADER_BYTES", "TAIL_BYTES", "ENTRY_BYTES", "MAGIC", "TAIL_MAGIC",
     "FORMAT_VERSION", "MIN_FORMAT_VERSION", "MAX_SECTIONS", "SECTION_IDS", "SECTION_NAMES",
-    "SECTION_TITLES", "METADATA_FIELDS", "Header", "Tail", "Section", "Layout",
+    "SECTION_TITLES", "METADATA_FIELDS", "METADATA_OFFSETS", "Header", "Tail", "Section", "Layout",
     "crc32c", "read_layout", "section_range", "read_section", "section_crc",
     "verify_sections", "read_metadata",
 ]
@@ -67,7 +67,10 @@ SECTION_TITLES = {1: "metadata", 2: "ids", 3: "tombstones", 4: "codes", 5: "grap
 METADATA_FIELDS = ("dim", "metric", "quantization", "m", "m0", "ef_construction", "pdim",
                    "code_size", "record_stride", "record_bytes", "entry", "max_level",
                    "count", "live", "seed", "ncentres", "reserved")
-_META = struct.Struct("<11Ii3QII")
+_META_CODES = "IIIIIIIIIIIiQQQII"
+_META = struct.Struct("<" + _META_CODES)
+METADATA_OFFSETS = {f: struct.calcsize("<" + _META_CODES[:i])
+                    for i, f in enumerate(METADATA_FIELDS)}
 
 
 # ---------------------------------------------------------------- CRC-32C
