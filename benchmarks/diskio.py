@@ -2,8 +2,6 @@
 and where an index file keeps its float32 vectors."""
 import os
 
-from knndirect._container import section_range
-
 
 def drop_caches():
     """sync, then drop the page cache, dentries and inodes. Returns False
@@ -32,4 +30,7 @@ def vector_section(path):
     """(offset, length) of an index file's vector section, from its section
     table (knndirect._container: only the header, table and tail are read).
     ValueError when the file is not an index."""
+    # Imported here: a script that puts a snapshot of knndirect on sys.path
+    # after importing this module still gets that snapshot.
+    from knndirect._container import section_range
     return section_range(path, "vectors")
