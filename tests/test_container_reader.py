@@ -176,10 +176,25 @@ def test_foreign_files(tmp_path):
 
 
 def _refresh(b, layout):
-    """Recompute the header's and the table's checksums in place."""
-    struct.pack_into("<I", b, 60, C.crc32c(bytes(b[:60])))
-    toff = layout.table_offset
-    struct.pack_into("<I", b, len(b) - 20, C.crc32c(bytes(b[toff:len(b) - 32])))
+    """Recompute every checksum in place."""
+    C.fix_checksums(b)
+
+
+def test_fix_checksums(blob):
+    # an intact file is left as it is
+    assert C.fix_checksums(bytearray(blob)) == bytearray(blob)
+    # a changed metadata byte: its section's CRC and the table's are redone
+    layout = C.read_layout(blob)
+    b = bytearray(blob)
+    b[layout["metadata"].offset + 30] ^= 0xFF
+    with pytest.raises(ValueError, match="metadata"):
+        C.verify_sections(bytes(b))
+    fixed = bytes(C.fix_checksums(b))
+    new = C.verify_sections(fixed)
+    assert new["metadata"].crc != layout["metadata"].crc
+    assert [s.crc for s in new if s.name != "metadata"] == \
+        [s.crc for s in layout if s.name != "metadata"]
+    assert fixed[:layout.table_offset] == bytes(b[:layout.table_offset])
 
 
 def test_structural_errors_with_valid_checksums(blob):

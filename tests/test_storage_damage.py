@@ -12,7 +12,7 @@ import pytest
 import knndirect as kd
 from conftest import build, open_quiet, split
 from knndirect._container import (BLOCK, HEADER_BYTES, METADATA_OFFSETS, SECTION_IDS,
-                                  TAIL_BYTES, crc32c, read_layout)
+                                  TAIL_BYTES, fix_checksums, read_layout)
 
 ERRORS = (ValueError, OSError)
 VECTORS = SECTION_IDS["vectors"]
@@ -165,16 +165,12 @@ def test_flips_in_padding_are_harmless(small, tmp_path):
 def rewrite(blob, section, fn):
     """The file with a section's bytes (by name or id) passed through fn (same
     length) and every checksum fixed: only the structure is wrong."""
-    layout = read_layout(blob)
-    s = layout[section]
+    s = read_layout(blob)[section]
     b = bytearray(blob)
     data = bytearray(b[s.offset:s.end])
     fn(data)
     b[s.offset:s.end] = data
-    struct.pack_into("<I", b, layout.entry_offset(section) + 24, crc32c(data))
-    tail = len(b) - TAIL_BYTES
-    struct.pack_into("<I", b, tail + 12, crc32c(b[layout.table_offset:tail]))
-    return bytes(b)
+    return bytes(fix_checksums(b))
 
 
 def test_rewrite_helper_keeps_a_valid_file(small):

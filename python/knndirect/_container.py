@@ -37,7 +37,8 @@ __all__ = [
     "FORMAT_VERSION", "MIN_FORMAT_VERSION", "MAX_SECTIONS", "SECTION_IDS", "SECTION_NAMES",
     "SECTION_TITLES", "METADATA_FIELDS", "METADATA_OFFSETS", "Header", "Tail", "Section", "Layout",
     "crc32c", "read_layout", "section_range", "read_section", "section_crc",
-    "verify_sections", "read_metadata",
+    "verify_sections", "read_metadata", "fix_checksums", "HEADER_CRC_AT", "ENTRY_CRC_AT",
+    "TAIL_CRC_AT",
 ]
 
 BLOCK = 4096
@@ -46,6 +47,10 @@ TAIL_BYTES = 32
 ENTRY_BYTES = 32
 MAGIC = b"KNNDIRCT"
 TAIL_MAGIC = b"KNNDEND1"
+# Where the checksums sit: in the header, in a table entry, in the tail.
+HEADER_CRC_AT = HEADER_BYTES - 4
+ENTRY_CRC_AT = 24
+TAIL_CRC_AT = 12
 FORMAT_VERSION = 1          # the newest version this reader knows
 MIN_FORMAT_VERSION = 1
 MAX_SECTIONS = 16
@@ -305,8 +310,8 @@ def _parse(r: _Reader) -> Layout:
     if len(head) < HEADER_BYTES:
         _fail(f"index data is truncated ({size} bytes)")
     _, version, block = _HEADER.unpack_from(head)
-    hcrc = struct.unpack_from("<I", head, HEADER_BYTES - 4)[0]
-    if crc32c(head[:HEADER_BYTES - 4]) != hcrc:
+    hcrc = struct.unpack_from("<I", head, HEADER_CRC_AT)[0]
+    if crc32c(head[:HEADER_CRC_AT]) != hcrc:
         _fail("index header is corrupted (checksum mismatch)")
     if version > FORMAT_VERSION:
         _fail(f"index format version {version} is newer than this reader knows "
@@ -410,3 +415,24 @@ def read_metadata(src: Source) -> Dict[str, int]:
         if s.length < _META.size:
             _fail("index metadata is missing or short")
         return dict(zip(METADATA_FIELDS, _META.unpack(bytes(r.read(s.offset, _META.size)))))
+
+
+def fix_checksums(buf: bytearray) -> bytearray:
+    """Recompute, in place, every checksum of a container whose bytes were
+    changed on purpose (tests that damage the structure, not the checksums):
+    each section's CRC in the table, the table's in the tail, the header's.
+    The table is found through the tail without checking anything else; a
+    section that lies outside buf keeps its stored CRC. Returns buf."""
+    size = len(buf)
+    tail = size - TAIL_BYTES
+    toff, n = struct.unpack_from("<QI", buf, tail)
+    n = min(n, max(0, (tail - toff) // ENTRY_BYTES)) if toff <= tail else 0
+    for i in range(n):
+        at = toff + ENTRY_BYTES * i
+        _, _, off, length, _, _ = _ENTRY.unpack_from(buf, at)
+        if off + length <= size:
+            struct.pack_into("<I", buf, at + ENTRY_CRC_AT, crc32c(buf[off:off + length]))
+    if toff <= tail:
+        struct.pack_into("<I", buf, tail + TAIL_CRC_AT, crc32c(buf[toff:tail]))
+    struct.pack_into("<I", buf, HEADER_CRC_AT, crc32c(buf[:HEADER_CRC_AT]))
+    return buf
