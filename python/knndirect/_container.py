@@ -34,11 +34,11 @@ import numpy as np
 
 __all__ = [
     "BLOCK", "HEADER_BYTES", "TAIL_BYTES", "ENTRY_BYTES", "MAGIC", "TAIL_MAGIC",
-    "FORMAT_VERSION", "MIN_FORMAT_VERSION", "MAX_SECTIONS", "SECTION_IDS", "SECTION_NAMES",
-    "SECTION_TITLES", "METADATA_FIELDS", "METADATA_OFFSETS", "Header", "Tail", "Section", "Layout",
-    "crc32c", "read_layout", "section_range", "read_section", "section_crc",
-    "verify_sections", "read_metadata", "fix_checksums", "HEADER_CRC_AT", "ENTRY_CRC_AT",
-    "TAIL_CRC_AT",
+    "HEADER_CRC_AT", "ENTRY_CRC_AT", "TAIL_CRC_AT", "FORMAT_VERSION", "MIN_FORMAT_VERSION",
+    "MAX_SECTIONS", "SECTION_IDS", "SECTION_NAMES", "SECTION_TITLES", "METADATA_FIELDS",
+    "METADATA_OFFSETS", "Header", "Tail", "Section", "Layout", "crc32c", "read_layout",
+    "section_range", "read_section", "section_crc", "verify_sections", "read_metadata",
+    "fix_checksums",
 ]
 
 BLOCK = 4096
