@@ -17,9 +17,10 @@ What it does, per configuration and run:
          (/proc/self/io read_bytes), at open and over the queries: page
          faults, read-ahead, the O_DIRECT checks at open, the vector reads;
        - vector reads: index.stats()["read_ops"], the batch reads of vectors.
-  3. "capped" runs put the child in a memory cgroup it creates (v1:
-     /sys/fs/cgroup/memory/<name>/memory.limit_in_bytes, v2:
-     /sys/fs/cgroup/<name>/memory.max; detected) whose limit is the child's
+  3. "capped" runs put the child in a memory cgroup it creates
+     (benchmarks/cgroup.py; v1: memory.limit_in_bytes of a group under
+     /sys/fs/cgroup/memory, v2: memory.max of /sys/fs/cgroup/<name>;
+     detected) whose limit is the child's
      own anonymous memory with the index open (measured by a probe run), plus
      8 MiB for its code, plus a fraction (--cap-fractions, default 1/2 and
      1/8) of the index's RAM-resident sections: the page cache left to the
@@ -37,12 +38,12 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 import diskio
+from cgroup import Cgroup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CGROUP_NAME = "knndirect_bench_preload_%d" % os.getpid()
@@ -113,55 +114,7 @@ def child(args):
     return 0
 
 
-# ------------------------------------------------------------------ cgroups
-
-class Cgroup:
-    """A memory cgroup the child runs in (v1 or v2, whichever is mounted)."""
-
-    def __init__(self):
-        self.path = None
-        v1 = "/sys/fs/cgroup/memory"
-        v2 = "/sys/fs/cgroup"
-        if os.path.exists(os.path.join(v1, "memory.limit_in_bytes")):
-            self.version, root = 1, v1
-        elif os.path.exists(os.path.join(v2, "cgroup.controllers")) and \
-                "memory" in open(os.path.join(v2, "cgroup.controllers")).read().split():
-            self.version, root = 2, v2
-        else:
-            raise OSError("no memory cgroup controller is mounted")
-        self.path = os.path.join(root, CGROUP_NAME)
-        os.mkdir(self.path)
-        self.limit_file = "memory.limit_in_bytes" if self.version == 1 else "memory.max"
-        self.usage_file = "memory.usage_in_bytes" if self.version == 1 else "memory.current"
-
-    def set_limit(self, nbytes):
-        with open(os.path.join(self.path, self.limit_file), "w") as f:
-            f.write(str(nbytes) if nbytes else ("-1" if self.version == 1 else "max"))
-
-    def usage(self):
-        return int(open(os.path.join(self.path, self.usage_file)).read())
-
-    def anon(self):
-        """Anonymous memory charged to the group (the processes' own data)."""
-        stat = dict(line.split() for line in open(os.path.join(self.path, "memory.stat")))
-        if self.version == 1:
-            return int(stat["rss"]) + int(stat.get("rss_huge", 0))
-        return int(stat["anon"])
-
-    def enter(self):
-        """preexec_fn: move the child into the group."""
-        with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-
-    def remove(self):
-        if self.path:
-            for _ in range(50):
-                try:
-                    os.rmdir(self.path)
-                    return
-                except OSError:
-                    time.sleep(0.1)
-
+# ------------------------------------------------------------------ cache
 
 def drop_caches():
     if not diskio.drop_caches():
@@ -195,20 +148,8 @@ def build_index(args, path, qpath):
 
 def ram_sections(path):
     """Bytes of the sections kept in RAM (all but the vectors)."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        f.seek(size - 32)
-        toff = int.from_bytes(f.read(8), "little")
-        n = int.from_bytes(f.read(4), "little")
-        f.seek(toff)
-        tbl = f.read(32 * n)
-    total = 0
-    for i in range(n):
-        sid = int.from_bytes(tbl[32 * i:32 * i + 4], "little")
-        length = int.from_bytes(tbl[32 * i + 16:32 * i + 24], "little")
-        if sid != 8:
-            total += length
-    return total
+    from knndirect._container import read_layout
+    return sum(s.length for s in read_layout(path) if s.name != "vectors")
 
 
 def run_child(args, path, qpath, backend, preload, cgroup=None):
@@ -285,7 +226,7 @@ def main(argv=None):
     else:
         print("before each run: page cache dropped (echo 3 > /proc/sys/vm/drop_caches)")
         try:
-            cgroup = Cgroup()
+            cgroup = Cgroup(CGROUP_NAME)
             anon, total = probe_baseline(args, path, qpath, cgroup)
             base = anon + (8 << 20)
             if args.cap_mib:

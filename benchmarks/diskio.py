@@ -1,9 +1,6 @@
 """The disk side of the benchmarks: cold starts, the process's I/O counters,
 and where an index file keeps its float32 vectors."""
 import os
-import struct
-
-SECTION_VECTORS = 8   # the vector section's id in the file's section table
 
 
 def drop_caches():
@@ -31,15 +28,9 @@ def proc_io():
 
 def vector_section(path):
     """(offset, length) of an index file's vector section, from its section
-    table (the footer's last 32 bytes start with the table's offset and
-    count)."""
-    with open(path, "rb") as f:
-        f.seek(-32, os.SEEK_END)
-        table_off, count = struct.unpack("<QI", f.read(12))
-        f.seek(table_off)
-        table = f.read(32 * count)
-    for i in range(count):
-        sid, _, off, length, _, _ = struct.unpack_from("<IIQQII", table, 32 * i)
-        if sid == SECTION_VECTORS:
-            return off, length
-    raise ValueError(f"{path}: no vector section")
+    table (knndirect._container: only the header, table and tail are read).
+    ValueError when the file is not an index."""
+    # Imported here: a script that puts a snapshot of knndirect on sys.path
+    # after importing this module still gets that snapshot.
+    from knndirect._container import section_range
+    return section_range(path, "vectors")

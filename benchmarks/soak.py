@@ -33,6 +33,10 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from cgroup import Cgroup  # noqa: E402
+from openloop import poisson_arrivals, sleep_until  # noqa: E402
 
 
 def clustered(n, d, seed):
@@ -92,14 +96,11 @@ def child(args):
         t.start()
 
     def issuer():
-        rng = np.random.default_rng(1)
-        t = time.perf_counter()
+        arrivals = poisson_arrivals(args.qps, np.random.default_rng(1), time.perf_counter())
         n = 0
         while not stop.is_set():
-            t += rng.exponential(1.0 / args.qps)
-            delay = t - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
+            t = next(arrivals)
+            sleep_until(t)
             work.put((t, n))
             n += 1
 
@@ -159,14 +160,8 @@ def cgroup_for(args):
         return None, "no cap asked (--memory-cap 0)"
     if os.geteuid() != 0:
         return None, "not root: no memory cgroup, running uncapped"
-    sys.path.insert(0, HERE)
     try:
-        import bench_preload
-    except ImportError as e:
-        return None, "cannot import the cgroup helper of bench_preload.py (%s)" % e
-    bench_preload.CGROUP_NAME = "knndirect-soak-%d" % os.getpid()
-    try:
-        cg = bench_preload.Cgroup()
+        cg = Cgroup("knndirect-soak-%d" % os.getpid())
     except OSError as e:
         return None, "no memory cgroup (%s): running uncapped" % e
     cg.set_limit(args.memory_cap << 20)

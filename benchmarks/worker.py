@@ -48,12 +48,10 @@ def reset_peak_rss():
 
 
 def recall(found, truth, k):
-    found = np.asarray(found)[:, :k]
-    truth = np.asarray(truth)[:, :k]
-    hits = 0
-    for f, t in zip(found, truth):
-        hits += np.intersect1d(f, t, assume_unique=False).size
-    return hits / truth.size
+    """recall@k of knndirect.datasets (imported here: a worker measuring a
+    peer loads knndirect only once its figures are taken)."""
+    from knndirect.datasets import recall_at_k
+    return recall_at_k(found, truth, k)
 
 
 def do_build(spec, system):

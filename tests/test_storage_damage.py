@@ -11,20 +11,18 @@ import pytest
 
 import knndirect as kd
 from conftest import build, open_quiet, split
-from test_storage_golden import crc32c
+from knndirect._container import (BLOCK, HEADER_BYTES, METADATA_OFFSETS, SECTION_IDS,
+                                  TAIL_BYTES, fix_checksums, read_layout)
 
-BLOCK = 4096
 ERRORS = (ValueError, OSError)
+VECTORS = SECTION_IDS["vectors"]
 
 
 def table(blob):
-    """[(id, offset, length)] from the file's tail, and the table offset."""
-    toff, n = struct.unpack_from("<QI", blob, len(blob) - 32)
-    secs = []
-    for i in range(n):
-        sid, _, off, length, _, _ = struct.unpack_from("<IIQQII", blob, toff + 32 * i)
-        secs.append((sid, off, length))
-    return secs, toff
+    """[(id, offset, length)] from the file's section table, and the table's
+    offset (knndirect._container reads them)."""
+    layout = read_layout(blob)
+    return [(s.id, s.offset, s.length) for s in layout], layout.table_offset
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +51,9 @@ def _all_fail(data, path):
 
 def cut_points(blob):
     secs, toff = table(blob)
-    pts = {0, 1, 7, 8, 9, 63, 64, 65, BLOCK - 1, BLOCK, BLOCK + 1, toff - 1, toff, toff + 1,
-           len(blob) - 33, len(blob) - 32, len(blob) - 31, len(blob) - 1}
+    tail = len(blob) - TAIL_BYTES
+    pts = {0, 1, 7, 8, 9, HEADER_BYTES - 1, HEADER_BYTES, HEADER_BYTES + 1, BLOCK - 1, BLOCK,
+           BLOCK + 1, toff - 1, toff, toff + 1, tail - 1, tail, tail + 1, len(blob) - 1}
     for _, off, length in secs:
         end = off + length
         padded = (end + BLOCK - 1) // BLOCK * BLOCK
@@ -87,10 +86,11 @@ def test_extended_file_is_refused(small, tmp_path):
 def flip_regions(blob):
     """Checksummed byte ranges: (name, start, end)."""
     secs, toff = table(blob)
-    regions = [("header", 0, 64), ("table", toff, len(blob))]
+    regions = [("header", 0, HEADER_BYTES), ("table", toff, len(blob))]
     for sid, off, length in secs:
         if length:
-            regions.append(("vectors" if sid == 8 else "section%d" % sid, off, off + length))
+            regions.append(("vectors" if sid == VECTORS else "section%d" % sid, off,
+                            off + length))
     return regions
 
 
@@ -138,7 +138,7 @@ def test_flips_in_padding_are_harmless(small, tmp_path):
     is reported or changes nothing."""
     blob, queries, expected = small
     secs, toff = table(blob)
-    pads = [(64, BLOCK)]
+    pads = [(HEADER_BYTES, BLOCK)]
     for _, off, length in secs:
         end = off + length
         padded = (end + BLOCK - 1) // BLOCK * BLOCK
@@ -162,51 +162,47 @@ def test_flips_in_padding_are_harmless(small, tmp_path):
 
 # ------------------------------------------------ damage with valid checksums
 
-def rewrite(blob, sid, fn):
-    """The file with section sid's bytes passed through fn (same length) and
-    every checksum fixed: only the structure is wrong."""
-    secs, toff = table(blob)
+def rewrite(blob, section, fn):
+    """The file with a section's bytes (by name or id) passed through fn (same
+    length) and every checksum fixed: only the structure is wrong."""
+    s = read_layout(blob)[section]
     b = bytearray(blob)
-    i = [s[0] for s in secs].index(sid)
-    _, off, length = secs[i]
-    data = bytearray(b[off:off + length])
+    data = bytearray(b[s.offset:s.end])
     fn(data)
-    b[off:off + length] = data
-    struct.pack_into("<I", b, toff + 32 * i + 24, crc32c(bytes(data)))
-    tbl = bytes(b[toff:toff + 32 * len(secs)])
-    struct.pack_into("<I", b, len(b) - 20, crc32c(tbl))
-    return bytes(b)
-
-
-def _meta(data):
-    return list(struct.unpack_from("<11Ii3QII", data, 0))
+    b[s.offset:s.end] = data
+    return bytes(fix_checksums(b))
 
 
 def test_rewrite_helper_keeps_a_valid_file(small):
     blob = small[0]
-    same = rewrite(blob, 6, lambda d: None)
+    same = rewrite(blob, "level0", lambda d: None)
     assert same == blob
 
 
+def _meta(field, fmt, value):
+    """Set one field of the metadata section's struct kd_meta."""
+    return lambda d: struct.pack_into(fmt, d, METADATA_OFFSETS[field], value)
+
+
 STRUCTURAL = {
-    "neighbour out of range": (6, lambda d: struct.pack_into("<I", d, 4, 300 + 5)),
-    "list too long": (6, lambda d: struct.pack_into("<I", d, 0, 1000)),
-    "level above max": (5, lambda d: d.__setitem__(0, 15)),
-    "duplicate id": (2, lambda d: d.__setitem__(slice(8, 16), d[0:8])),
-    "tombstone count": (3, lambda d: d.__setitem__(0, 1 - d[0] if d[0] <= 1 else 0)),
-    "meta dim": (1, lambda d: struct.pack_into("<I", d, 0, 33)),
-    "meta count": (1, lambda d: struct.pack_into("<Q", d, 48, 301)),
-    "meta huge count": (1, lambda d: struct.pack_into("<Q", d, 48, 2**31)),
-    "meta entry": (1, lambda d: struct.pack_into("<I", d, 40, 300)),
-    "meta max level": (1, lambda d: struct.pack_into("<i", d, 44, 99)),
-    "meta stride": (1, lambda d: struct.pack_into("<I", d, 32, 64)),
+    "neighbour out of range": ("level0", lambda d: struct.pack_into("<I", d, 4, 300 + 5)),
+    "list too long": ("level0", lambda d: struct.pack_into("<I", d, 0, 1000)),
+    "level above max": ("levels", lambda d: d.__setitem__(0, 15)),
+    "duplicate id": ("ids", lambda d: d.__setitem__(slice(8, 16), d[0:8])),
+    "tombstone count": ("tombstones", lambda d: d.__setitem__(0, 1 - d[0] if d[0] <= 1 else 0)),
+    "meta dim": ("metadata", _meta("dim", "<I", 33)),
+    "meta count": ("metadata", _meta("count", "<Q", 301)),
+    "meta huge count": ("metadata", _meta("count", "<Q", 2**31)),
+    "meta entry": ("metadata", _meta("entry", "<I", 300)),
+    "meta max level": ("metadata", _meta("max_level", "<i", 99)),
+    "meta stride": ("metadata", _meta("record_stride", "<I", 64)),
 }
 
 
 @pytest.mark.parametrize("what", sorted(STRUCTURAL))
 def test_structural_damage_with_valid_checksums(small, tmp_path, what):
-    sid, fn = STRUCTURAL[what]
-    bad = rewrite(small[0], sid, fn)
+    section, fn = STRUCTURAL[what]
+    bad = rewrite(small[0], section, fn)
     assert bad != small[0]
     _all_fail(bad, tmp_path / "structure.kdx")
 

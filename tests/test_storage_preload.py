@@ -11,11 +11,11 @@ import pytest
 
 import knndirect as kd
 from conftest import assert_same_results, build, open_quiet, split
-from test_storage_damage import table
+from knndirect._container import read_layout
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-SECTION = {1: "meta", 2: "ids", 3: "deleted", 4: "codes", 5: "levels", 6: "level0",
-           7: "upper", 8: "vectors"}
+SECTION = {"metadata": "meta", "ids": "ids", "tombstones": "deleted", "codes": "codes",
+           "levels": "levels", "level0": "level0", "upper": "upper", "vectors": "vectors"}
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -27,12 +27,9 @@ _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
 def residency(path):
     """Fraction of each section's pages in the page cache, by name."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:      # the table and tail only: the rest stays cold
-        f.seek(size - 32)
-        toff = int.from_bytes(f.read(8), "little")
-        f.seek(toff)
-        secs, _ = table(bytes(toff) + f.read())
+    # header, table and tail only, read-ahead off: the sections stay cold
+    layout = read_layout(path)
+    size = layout.size
     fd = os.open(path, os.O_RDONLY)
     try:
         addr = _libc.mmap(None, size, 1, 1, fd, 0)
@@ -45,9 +42,9 @@ def residency(path):
         os.close(fd)
     res = np.frombuffer(bytes(vec), dtype=np.uint8) & 1
     out = {}
-    for sid, off, length in secs:
-        if length:
-            out[SECTION[sid]] = float(res[off // PAGE:(off + length - 1) // PAGE + 1].mean())
+    for s in layout:
+        if s.length:
+            out[SECTION[s.name]] = float(res[s.offset // PAGE:(s.end - 1) // PAGE + 1].mean())
     return out
 
 

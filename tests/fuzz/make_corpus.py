@@ -12,6 +12,7 @@ import sys
 import numpy as np
 
 import knndirect as kd
+from knndirect._container import TAIL_BYTES, read_layout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "corpus")
@@ -19,14 +20,12 @@ OUT = os.path.join(HERE, "corpus")
 
 def compact(data, flags):
     """flags byte, header, section count, (id, crc, len, bytes) per section, tail."""
-    tail = data[-32:]
-    table_off, n = struct.unpack_from("<QI", tail)
-    out = [bytes([flags]), data[:64], bytes([n])]
-    for i in range(n):
-        sid, _, off, length, crc, _ = struct.unpack_from("<IIQQII", data, table_off + 32 * i)
-        out.append(struct.pack("<III", sid, crc, length))
-        out.append(data[off:off + length])
-    out.append(tail)
+    layout = read_layout(data)
+    out = [bytes([flags]), data[:64], bytes([len(layout)])]
+    for s in layout:
+        out.append(struct.pack("<III", s.id, s.crc, s.length))
+        out.append(data[s.offset:s.end])
+    out.append(data[-TAIL_BYTES:])
     return b"".join(out)
 
 
