@@ -6,7 +6,6 @@ a smaller one is read as its aligned block and copied out."""
 import numpy as np
 import pytest
 
-import knndirect as kd
 from conftest import build_saved, clustered, open_quiet, same_bytes
 
 # dim -> record stride: 100 -> 512 B, 1024 -> 4096 B, 1100 -> 8192 B

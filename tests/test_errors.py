@@ -272,7 +272,7 @@ def _closed_calls(index, base):
 def test_closed_index_raises(idx):
     index, base = idx
     index.close()
-    for name, call in _closed_calls(index, base).items():
+    for call in _closed_calls(index, base).values():
         with pytest.raises(ValueError, match="closed"):
             call()
     index.close()  # closing twice is harmless

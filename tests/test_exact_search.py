@@ -4,7 +4,6 @@ between an exact scan of the allowed vectors and a filtered graph search."""
 import numpy as np
 import pytest
 
-import knndirect as kd
 from conftest import (assert_exact_match, brute_force, build, open_quiet, recall_at_k,
                       split)
 

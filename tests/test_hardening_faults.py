@@ -342,7 +342,7 @@ def test_kill_at_random_moments_never_tears_the_target(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     rng = np.random.default_rng(7301)
     seen = set()
-    for i in range(8):
+    for _ in range(8):
         child = subprocess.Popen([sys.executable, "-c", SAVER, str(target)],
                                  stdout=subprocess.PIPE, env=env)
         try:

@@ -16,7 +16,6 @@ import sys
 import textwrap
 import time
 
-import numpy as np
 import pytest
 
 import knndirect as kd
@@ -97,7 +96,7 @@ def test_100k_searches_keep_memory_and_descriptors_flat(small):
     direct = open_quiet(path, "auto")
     # Searches with O_DIRECT reads cost ~100 reads each: fewer of them.
     plan = [(idx, 50000, 50), (mm, 49000, 50), (direct, 1000, 50)]
-    for index, n, every in plan:   # warm up: pools, contexts, caches
+    for index, _n, every in plan:   # warm up: pools, contexts, caches
         _searches(index, x, 500, every)
     rss0, c0 = _rss(), _counts()
     t0 = time.perf_counter()
@@ -172,7 +171,7 @@ def test_1k_open_close_cycles_release_everything(small):
 def test_1k_loads_and_dropped_indexes_release_everything(small, tmp_path):
     idx, x, path = small
     data = idx.to_bytes()
-    for i in range(20):
+    for _ in range(20):
         kd.load(data).close()
     rss0, c0 = _rss(), _counts()
     for i in range(1000):

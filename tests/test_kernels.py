@@ -53,10 +53,10 @@ def test_block_kernels_match_pairs(variant, d):
     dots = _core._kernel(variant, "dot4", a.tobytes(), b.tobytes())
     l2s = _core._kernel(variant, "l2sq4", a.tobytes(), b.tobytes())
     for j in range(4):
-        assert dots[j] == pytest.approx(_core._kernel("scalar", "dot", qs[j].tobytes(), b.tobytes()),
-                                        rel=1e-5, abs=1e-5)
-        assert l2s[j] == pytest.approx(_core._kernel("scalar", "l2sq", qs[j].tobytes(), b.tobytes()),
-                                       rel=1e-5, abs=1e-5)
+        dot = _core._kernel("scalar", "dot", qs[j].tobytes(), b.tobytes())
+        l2sq = _core._kernel("scalar", "l2sq", qs[j].tobytes(), b.tobytes())
+        assert dots[j] == pytest.approx(dot, rel=1e-5, abs=1e-5)
+        assert l2s[j] == pytest.approx(l2sq, rel=1e-5, abs=1e-5)
     assert dots[4] == pytest.approx(_core._kernel("scalar", "dot", b.tobytes(), b.tobytes()),
                                     rel=1e-5, abs=1e-5)
 

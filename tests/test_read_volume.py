@@ -2,7 +2,6 @@
 one read of record_size bytes, and nothing else is read by a search."""
 import math
 
-import numpy as np
 import pytest
 
 from conftest import build, build_saved, clustered, open_quiet, split

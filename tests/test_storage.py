@@ -151,7 +151,7 @@ def test_opened_index_is_smaller_in_ram(files):
 
 
 def test_file_holds_at_least_the_raw_vectors(files):
-    for dim, (base, p, _) in files.items():
+    for base, p, _ in files.values():
         assert os.path.getsize(p) >= base.nbytes
 
 

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 import knndirect as kd
-from conftest import (assert_same_results, brute_force, build, clustered,
-                      open_quiet, recall_at_k, split)
+from conftest import brute_force, build, clustered, open_quiet, recall_at_k, split
 
 N, NQ, D_, K = 6000, 120, 128, 10
 
