@@ -4,7 +4,7 @@ same data.
 
     python benchmarks/run.py --quick                 # smoke run, about a minute
     python benchmarks/run.py --dataset clustered-100k-384 --threads 1,2
-    python benchmarks/run.py --all --readme          # the README's figures
+    python benchmarks/run.py --all --readme          # the figures in docs/benchmarks.md
     python benchmarks/run.py --dataset a,b           # several sets, one after the other
 
 Each system is built in a process of its own (clean build time and peak
@@ -87,7 +87,7 @@ def parse_args(argv=None):
     ap.add_argument("--keep-indexes", action="store_true")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per worker process")
     ap.add_argument("--readme", action="store_true",
-                    help="rewrite the README's benchmark block from the results in --out")
+                    help="rewrite the benchmark block of docs/benchmarks.md from the results in --out")
     ap.add_argument("--readme-note", default=None,
                     help="a paragraph put above the tables in the README block (say how "
                          "the run departs from --all, or why its figures are provisional)")
@@ -250,13 +250,6 @@ def bench_dataset(args, dataset_spec, systems, meta):
     return result
 
 
-def _rel(path):
-    try:
-        return str(Path(path).resolve().relative_to(REPO))
-    except ValueError:
-        return str(Path(path).resolve())
-
-
 def finish(result):
     result["targets"] = report.evaluate_targets(result)
     result["meta"].setdefault("loadavg_end", os.getloadavg()[0])
@@ -306,9 +299,11 @@ def main(argv=None):
         print()
         print(report.markdown(r))
     if args.readme:
-        report.update_readme(REPO / "README.md", results, results_rel=_rel(args.out),
-                             note=args.readme_note)
-        print(f"[run] README.md benchmark block rewritten from {len(results)} result(s)")
+        # The block lives in docs/benchmarks.md; its image links are relative to docs/.
+        page = REPO / "docs" / "benchmarks.md"
+        report.update_readme(page, results, results_rel=os.path.relpath(
+            Path(args.out).resolve(), page.parent), note=args.readme_note)
+        print(f"[run] docs/benchmarks.md benchmark block rewritten from {len(results)} result(s)")
     return 0
 
 
