@@ -171,7 +171,8 @@ static inline void *pending_be(struct kd_vecio_pending *p) { return p->be; }
 static inline void *caller_be(struct kd_caller_ctx *x) { return x->be; }
 
 /* Counters: every read handed to the kernel is counted by io_count, through
- * req_issue for record reads; wait_ns is only kept by vecio.c. */
+ * req_issue for record reads; wait_ns is kept only by the shared layer
+ * (vecio.c, vecio_stream.c), which times each call. */
 static inline void io_count(struct kd_io_counters *c, uint64_t bytes)
 {
     c->read_ops++;

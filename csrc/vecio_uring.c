@@ -11,8 +11,9 @@
 #include <time.h>
 
 /* Reads go to the kernel in chunks of this many, so that the device starts on
- * the first ones while the kernel is still issuing the rest (issuing an
- * O_DIRECT read is not free; measured: docs/benchmarks.md, 'Design figures'). */
+ * the first ones while the kernel is still issuing the rest: issuing an
+ * O_DIRECT read takes a while, and a batch holds dozens (measured:
+ * docs/benchmarks.md, 'Design figures'). */
 #define KD_SUBMIT_CHUNK 8
 #define KD_STREAM_PIECE (1u << 20)   /* a stream chunk is read in pieces of this */
 

@@ -1,8 +1,8 @@
-/* test_vecio.c — standalone test of csrc/vecio.c.
+/* test_vecio.c — standalone test of the batch reader, csrc/vecio*.c.
  *
  * Build and run from the repository root (see tests/c/Makefile):
  *   gcc -O2 -g -Wall -Wextra -std=c11 -DKD_HAVE_LIBURING -fsanitize=address,undefined \
- *       -Icsrc csrc/common.c csrc/vecio.c tests/c/test_vecio.c -luring -lpthread -ldl \
+ *       -Icsrc csrc/common.c csrc/vecio*.c tests/c/test_vecio.c -luring -lpthread -ldl \
  *       -o /tmp/test_vecio && /tmp/test_vecio
  * and once without -DKD_HAVE_LIBURING / -luring. Files go to /tmp (O_DIRECT)
  * and /dev/shm (tmpfs: the buffered fallback). pread and liburing's submit calls
@@ -39,7 +39,7 @@
 
 /* ---- Every O_DIRECT read's buffer, seen on its way to the kernel.
  * pread and liburing's submit calls are interposed: a read that fits in a
- * page must not cross one, a longer one must start on a page (vecio.c,
+ * page must not cross one, a longer one must start on a page (vecio_backend.h,
  * KD_PAGE_ALIGN: a buffer straddling pages costs the device a segment). */
 static atomic_ulong n_direct_seen, n_page_crossing;
 static atomic_int watching;   /* test_configs only: no short reads resumed mid-buffer */
