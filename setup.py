@@ -58,9 +58,16 @@ else:
     print("knndirect: building without io_uring (liburing not found or KNNDIRECT_NO_URING "
           "set); vector reads use the thread-pool backend", file=sys.stderr)
 
-extra_compile_args = ["-std=c11", "-O3", "-fno-strict-aliasing", "-fvisibility=hidden",
-                      "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
-                      "-Wno-cast-function-type"]
+
+def common_cflags():
+    """The language and warning flags shared with tests/c/Makefile: the lines
+    of csrc/cflags.txt that start with '-'."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "csrc", "cflags.txt")) as f:
+        return [line.split()[0] for line in f if line.startswith("-")]
+
+
+extra_compile_args = common_cflags() + ["-O3", "-fvisibility=hidden"]
 extra_link_args = []
 if os.environ.get("KNNDIRECT_SANITIZE"):
     # e.g. KNNDIRECT_SANITIZE=address,undefined (run Python with the runtime

@@ -1,6 +1,7 @@
 """Runs the C test of the batch reader (tests/c/test_vecio.c): every backend
 and record layout, the ramfs fallback, io_uring blocked by seccomp, short
 reads. It needs a C compiler; it skips, saying why, without one."""
+import glob
 import os
 import shutil
 import subprocess
@@ -9,8 +10,9 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = [os.path.join(ROOT, "csrc", "common.c"), os.path.join(ROOT, "csrc", "vecio.c"),
-           os.path.join(ROOT, "tests", "c", "test_vecio.c")]
+SOURCES = ([os.path.join(ROOT, "csrc", "common.c")]
+           + sorted(glob.glob(os.path.join(ROOT, "csrc", "vecio*.c")))
+           + [os.path.join(ROOT, "tests", "c", "test_vecio.c")])
 
 
 def _build(tmp_path, with_uring):

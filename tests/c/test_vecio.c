@@ -1,8 +1,8 @@
-/* test_vecio.c — standalone test of csrc/vecio.c.
+/* test_vecio.c — standalone test of the batch reader, csrc/vecio*.c.
  *
  * Build and run from the repository root (see tests/c/Makefile):
  *   gcc -O2 -g -Wall -Wextra -std=c11 -DKD_HAVE_LIBURING -fsanitize=address,undefined \
- *       -Icsrc csrc/common.c csrc/vecio.c tests/c/test_vecio.c -luring -lpthread -ldl \
+ *       -Icsrc csrc/common.c csrc/vecio*.c tests/c/test_vecio.c -luring -lpthread -ldl \
  *       -o /tmp/test_vecio && /tmp/test_vecio
  * and once without -DKD_HAVE_LIBURING / -luring. Files go to /tmp (O_DIRECT)
  * and /dev/shm (tmpfs: the buffered fallback). pread and liburing's submit calls
@@ -39,7 +39,7 @@
 
 /* ---- Every O_DIRECT read's buffer, seen on its way to the kernel.
  * pread and liburing's submit calls are interposed: a read that fits in a
- * page must not cross one, a longer one must start on a page (vecio.c,
+ * page must not cross one, a longer one must start on a page (vecio_backend.h,
  * KD_PAGE_ALIGN: a buffer straddling pages costs the device a segment). */
 static atomic_ulong n_direct_seen, n_page_crossing;
 static atomic_int watching;   /* test_configs only: no short reads resumed mid-buffer */
@@ -700,6 +700,78 @@ static void test_concurrent(void)
     unlink(path);
 }
 
+/* The counters of one batch (submit/complete) agree between backends reading
+ * the same way, and streams count their reads in every backend. */
+static void test_counters_agree(void)
+{
+    uint32_t rb = 3072, stride = 4096;
+    uint64_t count = 5000;   /* a stream of several chunks */
+    char path[128];
+    CHECK(make_file("/tmp", rb, stride, count, path, sizeof path) == 0, "make_file");
+    size_t n = 80;
+    uint64_t rows[80];
+    make_rows(rows, n, count, 99);
+    uint8_t *dst = kd_alloc_aligned(4096, n * 4096);
+    for (int direct = 1; direct >= 0; direct--) {
+        struct kd_io_counters ref = { 0, 0, 0 };
+        int have_ref = 0;
+        for (size_t b = 0; b < sizeof all_backends / sizeof all_backends[0]; b++) {
+            int be = all_backends[b];
+            if ((be == KD_IO_URING && !kd_vecio_have_uring()) || (direct && be == KD_IO_MMAP))
+                continue;
+            char what[96];
+            snprintf(what, sizeof what, "counters %s direct=%d", kd_io_backend_name(be), direct);
+            struct kd_vecio_config cfg = base_cfg(path, rb, stride, count, be, direct, 8);
+            struct kd_vecio *v = NULL;
+            if (kd_vecio_open(&v, &cfg) != 0) {
+                CHECK(0, "%s: open: %s", what, kd_last_error());
+                continue;
+            }
+            /* Unaligned dst: the bounce path under O_DIRECT. */
+            for (int off = 0; off <= 8; off += 8) {
+                struct kd_vecio_pending *p = NULL;
+                struct kd_io_counters c = { 0, 0, 0 };
+                int rc = kd_vecio_submit(v, rows, n, dst + off, stride, &p);
+                if (rc == 0)
+                    rc = kd_vecio_complete(p, &c);
+                CHECK(rc == 0 && c.read_ops == n && c.wait_ns > 0, "%s off=%d: rc=%d ops=%llu",
+                      what, off, rc, (unsigned long long)c.read_ops);
+                if (off == 0 && !have_ref) {
+                    ref = c;
+                    have_ref = 1;
+                } else if (off == 0) {
+                    CHECK(c.read_bytes == ref.read_bytes, "%s: bytes %llu, first backend %llu",
+                          what, (unsigned long long)c.read_bytes,
+                          (unsigned long long)ref.read_bytes);
+                }
+            }
+            struct kd_vecio_stream *st = NULL;
+            int rc = kd_vecio_stream_open(v, 1, count - 1, &st);
+            CHECK(rc == 0, "%s: stream_open rc=%d", what, rc);
+            struct kd_io_counters c = { 0, 0, 0 };
+            uint64_t seen = 0, bad = 0;
+            const void *buf;
+            uint64_t first;
+            int64_t got;
+            while (rc == 0 && (got = kd_vecio_stream_next(st, &buf, &first, &c)) > 0) {
+                CHECK(first == 1 + seen, "%s: chunk at %llu", what, (unsigned long long)first);
+                for (int64_t i = 0; i < got; i++)
+                    bad += !record_ok((const uint8_t *)buf + i * stride, first + i, rb);
+                seen += (uint64_t)got;
+            }
+            kd_vecio_stream_close(st);
+            CHECK(rc || (seen == count - 1 && bad == 0), "%s: stream %llu rows, %llu wrong",
+                  what, (unsigned long long)seen, (unsigned long long)bad);
+            CHECK(c.read_ops >= 1 && c.read_bytes >= (count - 1) * rb && c.wait_ns > 0,
+                  "%s: stream counters ops=%llu bytes=%llu", what,
+                  (unsigned long long)c.read_ops, (unsigned long long)c.read_bytes);
+            kd_vecio_close(v);
+        }
+    }
+    kd_free_aligned(dst);
+    unlink(path);
+}
+
 int main(int argc, char **argv)
 {
     /* "concurrent" runs only the multi-threaded part (for -fsanitize=thread). */
@@ -709,6 +781,7 @@ int main(int argc, char **argv)
         test_bad_configs();
         test_auto_and_env();
         test_configs();
+        test_counters_agree();
         test_no_direct_fallback();
         test_uring_blocked();
         test_truncated();
