@@ -21,10 +21,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "metric.h"
+
 #define KD_ROT_ROUNDS 2
 #define KD_QUERY_BITS 4
 
-enum kd_metric { KD_L2 = 0, KD_IP = 1, KD_COSINE = 2 };
 
 /* Trailer of every code, after pdim/8 bytes of sign bits. */
 struct kd_code_tail {

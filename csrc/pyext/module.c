@@ -28,6 +28,7 @@ PyObject *kd_raise(int err)
         msg = strerror(-err);
     switch (-err) {
     case EINVAL:
+    case KD_ECORRUPT:   /* until CorruptIndexError (a ValueError) exists */
     case EDOM:
     case EEXIST:
     case EROFS:
