@@ -215,6 +215,12 @@ PyMODINIT_FUNC PyInit__core(void)
         Py_DECREF(m);
         return NULL;
     }
+    PyObject *metrics = kd_metrics_table();
+    if (!metrics || PyModule_AddObject(m, "METRICS", metrics) < 0) {
+        Py_XDECREF(metrics);
+        Py_DECREF(m);
+        return NULL;
+    }
     PyModule_AddIntConstant(m, "IO_AUTO", KD_IO_AUTO);
     PyModule_AddIntConstant(m, "IO_URING", KD_IO_URING);
     PyModule_AddIntConstant(m, "IO_THREADS", KD_IO_THREADS);
