@@ -37,6 +37,10 @@ struct kd_code_tail {
     uint16_t centre;  /* index of c */
 };
 
+/* Stored in the codes section of index files. */
+_Static_assert(sizeof(struct kd_code_tail) == 20, "code tails are stored in files");
+_Static_assert(offsetof(struct kd_code_tail, ones) == 16, "code tails are stored in files");
+
 #define KD_MAX_CENTRES 256
 
 struct kd_quant {
