@@ -29,9 +29,8 @@ double kd_default_oversample(int quantization, uint32_t dim)
     if (quantization == KD_Q_4BIT)
         return 5.0;
     /* 1-bit estimates carry one bit per dimension: the fewer dimensions, the
-     * noisier the ranking and the deeper the shortlist must go. Measured on
-     * 100k clustered vectors with ef 64: recall@10 0.975 at d=128 with 20,
-     * 0.968 at d=384 with 10; at d=768, 5 gave 0.944. */
+     * noisier the ranking and the deeper the shortlist must go (measured:
+     * docs/benchmarks.md, 'Design figures'). */
     uint32_t pdim = kd_quant_padded_dim(dim);
     if (pdim <= 128)
         return 20.0;

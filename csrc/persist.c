@@ -604,8 +604,8 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
         struct kd_vecio_info vi;
         kd_vecio_get_info(ix->vio, &vi);
         /* Not with the thread pool: its workers, woken in the middle of the
-         * beam, preempt it (1M x 768 on 2 cores: p99 8-12 ms against 1.3-1.5
-         * without early reads, p50 about equal). */
+         * beam, preempt it and the tail latency suffers (measured:
+         * docs/benchmarks.md, 'Design figures'). */
         ix->read_early = vi.backend == KD_IO_URING;
         /* Vectors read with O_DIRECT never look at the page cache: only the
          * buffered backends gain from reading them ahead. */

@@ -265,10 +265,8 @@ static struct kd_exact_data exact_data(const struct kd_index *ix)
  * at a quarter of the expansions a search usually makes, the best half (less
  * what is in flight) at half, three quarters at three quarters. Searches
  * that share the device with others read once, half at half: their reads
- * queue behind the others' anyway, and each wave costs a submission. At 1M x
- * 768, 80 reads per query, single stream p50: once 0.59 ms, three waves 0.55
- * (0.8 of 60 early reads unused); 8 concurrent streams: 1,945 q/s reading
- * once, 1,855 in three waves. */
+ * queue behind the others' anyway, and each wave costs a submission
+ * (measured: docs/benchmarks.md, 'Design figures'). */
 struct early_plan {
     int waves;
     double at[KD_EARLY_WAVES], share[KD_EARLY_WAVES];
