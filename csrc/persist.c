@@ -670,8 +670,8 @@ int kd_index_verify(struct kd_index *ix)
             crc = kd_crc32c(crc, ix->map + vs->offset + vs->length - (stride - ix->record_bytes),
                             stride - ix->record_bytes);
         if (!err && crc != vs->crc)
-            err = kd_fail(-KD_ECORRUPT, "index section %u (vectors) is corrupted (checksum mismatch)",
-                          vs->id);
+            err = kd_fail(-KD_ECORRUPT,
+                          "index section %u (vectors) is corrupted (checksum mismatch)", vs->id);
     }
     kd_free_aligned(buf);
     pthread_rwlock_unlock(&ix->lock);
