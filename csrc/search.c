@@ -514,7 +514,7 @@ static int search_exact(struct kd_index *ix, const float *q, size_t nq,
     struct kd_heap_item *top = malloc(nq * k * sizeof *top);
     size_t *ntop = malloc(nq * sizeof *ntop);
     int err = top && ntop ? 0 : kd_fail(-ENOMEM, "out of memory for an exact search");
-    if (!err && ix->p.metric == KD_COSINE) {
+    if (!err && ix->metric->normalized) {
         if (!(qn = malloc(nq * dim * sizeof *qn)))
             err = kd_fail(-ENOMEM, "out of memory for an exact search");
         for (size_t i = 0; !err && i < nq; i++)
