@@ -68,6 +68,7 @@ void kd_search_ctx_free(struct kd_search_ctx *c);
  * searched (c->q) and either the final top-k (c->finished: no rerank, an
  * exact fallback, or a shortlist scored in memory) or the shortlist's rows
  * c->rows[0..nshort) with reads in flight into c->buf, early reads first.
+ * c->q may point at q itself, which must stay valid until kd_query_end.
  * Always follow it with kd_query_end on the same c, even on error: reads
  * may be in flight. */
 int kd_query_begin(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
@@ -78,6 +79,8 @@ int kd_query_begin(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
 int kd_query_end(struct kd_index *ix, struct kd_search_ctx *c, const struct kd_search_params *sp,
                  float *D, int64_t *I, int skip);
 
+/* The rows of sp->filter's ids, under the same read lock as the queries
+ * that use it. Free it with kd_filter_free, after a failure too. */
 int kd_filter_build(struct kd_index *ix, const struct kd_search_params *sp, struct kd_filter *f);
 void kd_filter_free(struct kd_filter *f);
 /* Rows the shortlist of a query with these parameters holds. */
