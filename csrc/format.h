@@ -57,6 +57,14 @@ struct kd_section {
     uint32_t reserved2;
 };
 
+/* The section table is written as an array of these: their layout is the
+ * file's. The header and tail are packed byte by byte (format.c). */
+_Static_assert(sizeof(struct kd_section) == 32, "section entries are stored in files");
+_Static_assert(offsetof(struct kd_section, offset) == 8, "section entries are stored in files");
+_Static_assert(offsetof(struct kd_section, length) == 16, "section entries are stored in files");
+_Static_assert(offsetof(struct kd_section, crc) == 24, "section entries are stored in files");
+_Static_assert(KD_HEADER_BYTES <= KD_BLOCK && KD_TAIL_BYTES == 32, "header and tail sizes");
+
 struct kd_container {
     const uint8_t *base;    /* whole file in memory or mapped */
     uint64_t size;

@@ -23,7 +23,7 @@ enum kd_quantization { KD_Q_1BIT = 1, KD_Q_4BIT = 4, KD_Q_8BIT = 8 };
 
 struct kd_index_params {
     uint32_t dim;
-    int metric;             /* enum kd_metric */
+    int metric;             /* enum kd_metric (metric.h) */
     uint32_t m;
     uint32_t ef_construction;
     int quantization;       /* enum kd_quantization */
@@ -98,11 +98,11 @@ void kd_index_vector_layout(const struct kd_index *ix, size_t *alignment, size_t
 int kd_index_save(struct kd_index *ix, struct kd_writer *w);
 int kd_index_save_path(struct kd_index *ix, const char *path);
 /* Read an index from a stream into memory (vectors included), checking every
- * checksum; a truncated, damaged or foreign stream gives -EINVAL. */
+ * checksum; a truncated, damaged or foreign stream gives -KD_ECORRUPT. */
 int kd_index_load(struct kd_index **out, struct kd_reader *r);
 int kd_index_load_path(struct kd_index **out, const char *path);
 int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_params *op);
-/* Check every checksum, vectors included. */
+/* Check every checksum, vectors included (-KD_ECORRUPT on a mismatch). */
 int kd_index_verify(struct kd_index *ix);
 
 void kd_index_info(struct kd_index *ix, struct kd_info *info);

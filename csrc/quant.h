@@ -21,10 +21,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "metric.h"
+
 #define KD_ROT_ROUNDS 2
 #define KD_QUERY_BITS 4
 
-enum kd_metric { KD_L2 = 0, KD_IP = 1, KD_COSINE = 2 };
 
 /* Trailer of every code, after pdim/8 bytes of sign bits. */
 struct kd_code_tail {
@@ -35,6 +36,10 @@ struct kd_code_tail {
     uint16_t ones;    /* number of 1 bits */
     uint16_t centre;  /* index of c */
 };
+
+/* Stored in the codes section of index files. */
+_Static_assert(sizeof(struct kd_code_tail) == 20, "code tails are stored in files");
+_Static_assert(offsetof(struct kd_code_tail, ones) == 16, "code tails are stored in files");
 
 #define KD_MAX_CENTRES 256
 

@@ -2,6 +2,7 @@
 #include "pyext.h"
 #include "common.h"
 #include "format.h"
+#include "metric.h"
 
 #include <string.h>
 
@@ -89,6 +90,24 @@ PyObject *kd_index_wrap(struct kd_index *ix)
     self->ix = ix;
     pthread_rwlock_init(&self->use, NULL);
     return (PyObject *)self;
+}
+
+PyObject *kd_metrics_table(void)
+{
+    PyObject *t = PyTuple_New(KD_NMETRICS);
+    for (int i = 0; t && i < KD_NMETRICS; i++) {
+        const struct kd_metric_info *m = &kd_metrics[i];
+        PyObject *d = Py_BuildValue("{s:s,s:i,s:O,s:O,s:d}", "name", m->name, "code", m->code,
+                                    "larger_is_better", m->larger_is_better ? Py_True : Py_False,
+                                    "normalized", m->normalized ? Py_True : Py_False,
+                                    "missing", (double)m->missing);
+        if (!d) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, d);
+    }
+    return t;
 }
 
 static PyObject *Index_new(PyTypeObject *type, PyObject *args, PyObject *kw)
@@ -449,9 +468,8 @@ static PyObject *Index_info(KdIndexObject *self, PyObject *unused)
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
-    static const char *metrics[] = {"l2", "ip", "cosine"};
     SET(d, "dim", PyLong_FromUnsignedLong(in.params.dim));
-    SET(d, "metric", PyUnicode_FromString(metrics[in.params.metric]));
+    SET(d, "metric", PyUnicode_FromString(kd_metric(in.params.metric)->name));
     SET(d, "count", PyLong_FromUnsignedLongLong(in.count));
     SET(d, "slots", PyLong_FromUnsignedLongLong(in.slots));
     SET(d, "quantization", PyUnicode_FromFormat("%dbit", in.params.quantization));

@@ -28,6 +28,7 @@ PyObject *kd_raise(int err)
         msg = strerror(-err);
     switch (-err) {
     case EINVAL:
+    case KD_ECORRUPT:   /* until CorruptIndexError (a ValueError) exists */
     case EDOM:
     case EEXIST:
     case EROFS:
@@ -211,6 +212,12 @@ PyMODINIT_FUNC PyInit__core(void)
     Py_INCREF(&KdIndexType);
     if (PyModule_AddObject(m, "Index", (PyObject *)&KdIndexType) < 0) {
         Py_DECREF(&KdIndexType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *metrics = kd_metrics_table();
+    if (!metrics || PyModule_AddObject(m, "METRICS", metrics) < 0) {
+        Py_XDECREF(metrics);
         Py_DECREF(m);
         return NULL;
     }

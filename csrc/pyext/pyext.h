@@ -31,6 +31,10 @@ extern PyTypeObject KdIndexType;
 /* Wrap a core index in a new Python object (steals ix). */
 PyObject *kd_index_wrap(struct kd_index *ix);
 
+/* The metric table (metric.h) for Python: a tuple, in code order, of dicts
+ * {name, code, larger_is_better, normalized, missing}. */
+PyObject *kd_metrics_table(void);
+
 /* Turn a negative errno from the core into the matching Python exception. */
 PyObject *kd_raise(int err);
 /* The same as an OSError whatever the errno (a failure of the filesystem). */

@@ -23,6 +23,8 @@ import warnings
 
 import numpy as np
 
+from knndirect import _core
+
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
 # The CLI feeds its input to Index.add in chunks of about this many bytes of
@@ -291,6 +293,9 @@ def _search(args):
 
 # -- info / verify -----------------------------------------------------------------
 
+# Metric names, in code order, from the C core's table.
+_METRIC_NAMES = tuple(m["name"] for m in _core.METRICS)
+
 _INFO_ORDER = ("path", "count", "slots", "dim", "metric", "quantization", "m",
                "ef_construction", "storage", "io_backend", "direct_io", "alignment",
                "record_size", "code_size", "resident_bytes", "default_ef",
@@ -400,7 +405,7 @@ def _parser():
                        "to OUTPUT. Ctrl-C stops the build and writes nothing (exit 130).")
     b.add_argument("input")
     b.add_argument("output")
-    b.add_argument("--metric", choices=("l2", "ip", "cosine"), default=None,
+    b.add_argument("--metric", choices=_METRIC_NAMES, default=None,
                    help="default: the HDF5 file's 'distance' attribute, else l2")
     b.add_argument("--m", type=int, default=16, help="graph degree (default 16)")
     b.add_argument("--ef-construction", type=int, default=200,
@@ -451,7 +456,7 @@ def _parser():
                                        "generated clustered data")
     demo.add_argument("--n", type=int, default=100_000, help="vectors (default 100000)")
     demo.add_argument("--dim", type=int, default=128)
-    demo.add_argument("--metric", choices=("l2", "ip", "cosine"), default="l2")
+    demo.add_argument("--metric", choices=_METRIC_NAMES, default="l2")
     demo.add_argument("--queries", type=int, default=1000)
     demo.add_argument("--k", type=int, default=10)
     demo.add_argument("--m", type=int, default=16)

@@ -12,7 +12,8 @@ import numpy as np
 
 from . import _core
 
-METRICS = {"l2": 0, "ip": 1, "cosine": 2}
+# Names and codes come from the C core's metric table (csrc/metric.h).
+METRICS = {m["name"]: m["code"] for m in _core.METRICS}
 QUANTIZATIONS = {"1bit": 1, "4bit": 4, "8bit": 8}
 IO_BACKENDS = {
     "auto": _core.IO_AUTO,
@@ -156,7 +157,7 @@ class Index:
                  seed=0):
         dim = _positive_int(dim, "dim", allow_none=False, maximum=MAX_DIM)
         if metric not in METRICS:
-            raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
+            raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
         if quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization must be one of {sorted(QUANTIZATIONS)}, got {quantization!r}")

@@ -17,6 +17,11 @@ import os
 
 import numpy as np
 
+from . import _core
+
+# The C core's metric table by name (csrc/metric.h).
+_METRICS = {m["name"]: m for m in _core.METRICS}
+
 __all__ = ["read_vectors", "read_ann_hdf5", "ann_hdf5_metric", "write_fvecs", "write_ivecs",
            "write_bvecs", "clustered", "ground_truth", "recall_at_k"]
 
@@ -289,9 +294,12 @@ def ground_truth(data, queries, k, metric="l2", *, block=4096):
         Squared distances (l2, ascending) or similarities (ip, cosine,
         descending).
     """
+    info = _METRICS.get(metric)
+    if info is None:
+        raise ValueError(f"metric must be one of {list(_METRICS)}, got {metric!r}")
     data = np.asarray(data, dtype=np.float32)
     queries = np.asarray(queries, dtype=np.float32)
-    if metric == "cosine":
+    if info["normalized"]:
         data = data / np.maximum(np.linalg.norm(data, axis=1, keepdims=True), 1e-30)
         queries = queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-30)
     k = min(k, len(data))
@@ -311,7 +319,7 @@ def ground_truth(data, queries, k, metric="l2", *, block=4096):
     order = np.argsort(best_s, axis=1, kind="stable")
     best_s = np.take_along_axis(best_s, order, 1)
     best_i = np.take_along_axis(best_i, order, 1)
-    return best_i, (best_s if metric == "l2" else -best_s)
+    return best_i, (-best_s if info["larger_is_better"] else best_s)
 
 
 def recall_at_k(found, truth, k=10):

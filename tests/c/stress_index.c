@@ -74,6 +74,13 @@ static float *make_vectors(size_t n, uint32_t dim, uint64_t seed)
     return x;
 }
 
+/* The errno of a damaged file: KD_ECORRUPT; the container layer's own
+ * checks (format.c) may still report EINVAL. */
+static int damaged(int err)
+{
+    return err == -KD_ECORRUPT || err == -EINVAL;
+}
+
 static int make_index(struct kd_index **ix, uint32_t dim, int metric, const float *x, size_t n,
                       int64_t first_id)
 {
@@ -398,7 +405,7 @@ static void test_leaks(void)
         l = NULL;
         err = kd_index_load(&l, &r);
         /* A truncation always fails; a flip may land in padding between sections. */
-        CHECK(err == -EINVAL || (err == 0 && cycle % 2), "damaged load: %d", err);
+        CHECK(damaged(err) || (err == 0 && cycle % 2), "damaged load: %d", err);
         if (err == 0)
             kd_index_free(l);
         free(copy);
@@ -417,10 +424,10 @@ static void test_leaks(void)
         struct kd_open_params op = {1, KD_IO_AUTO, 16, 0};
         struct kd_index *o = NULL;
         err = kd_index_open(&o, bad, &op);
-        CHECK(err == -EINVAL || (err == 0 && cycle % 2), "open of a damaged file: %d", err);
+        CHECK(damaged(err) || (err == 0 && cycle % 2), "open of a damaged file: %d", err);
         if (err == 0) {   /* a flip in the vectors is found by verify, one in padding is harmless */
             err = kd_index_verify(o);
-            CHECK(err == 0 || err == -EINVAL, "verify of a damaged file: %d", err);
+            CHECK(err == 0 || damaged(err), "verify of a damaged file: %d", err);
             CHECK(kd_index_search(o, x, 1, &sp, D, I) == 0, "search of a damaged file");
         }
         kd_index_free(o);

@@ -1,0 +1,104 @@
+/* index_impl.h — struct kd_index and what its three files share, private to
+ * the core: index.c (the object: build, add, remove, lookups, reporting),
+ * search.c (the query pipeline) and persist.c (save, load, open, verify). */
+#ifndef KD_INDEX_IMPL_H
+#define KD_INDEX_IMPL_H
+
+#include <math.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "distance.h"
+#include "format.h"
+#include "hnsw.h"
+#include "idmap.h"
+#include "index.h"
+#include "metric.h"
+#include "quant.h"
+#include "vecio.h"
+
+#define KD_DEFAULT_EF 64
+
+struct kd_index;
+struct kd_search_ctx;
+
+/* Where the float32 vectors live: what differs between an index in RAM
+ * (built, or loaded) and one opened with its vectors left on disk. Chosen
+ * once, at create, load or open. */
+struct kd_vsource {
+    const char *name;
+    int on_disk;                  /* vectors are read from the file, not held */
+    int read_only;                /* add and train are refused */
+    int batch_reads;              /* the shortlist is read into the context's buffer */
+    double scan_cost;             /* cost of an exact scan per row, memory = 1 */
+    /* The final shortlist res[0..n): score it now (memory), or start the
+     * batch read of its records that query_end reaps (disk). */
+    int (*shortlist)(struct kd_index *ix, struct kd_search_ctx *c,
+                     const struct kd_heap_item *res, size_t n, size_t k);
+    /* Records of rows[0..n) to dst + i*stride; I/O is counted in io. */
+    int (*get_rows)(struct kd_index *ix, const uint64_t *rows, size_t n, void *dst,
+                    size_t stride, struct kd_io_counters *io);
+    /* The vector section's content, record_stride bytes a record. */
+    int (*save)(struct kd_index *ix, struct kd_container_writer *cw);
+};
+
+extern const struct kd_vsource kd_vsource_memory, kd_vsource_file;
+
+struct kd_index {
+    struct kd_index_params p;
+    const struct kd_metric_info *metric;
+    const struct kd_vsource *src;
+    uint32_t record_stride, record_bytes;
+    struct kd_quant quant;
+    int trained;
+    const struct kd_kernels *kern;
+    kd_estimate_fn estimate;
+
+    uint64_t count, cap, live;
+    float *vectors;               /* in memory: count x dim */
+    float *inv_norms;             /* cosine, in memory */
+    uint8_t *codes;
+    int64_t *ids;
+    uint8_t *deleted;             /* one byte per slot, always heap-owned */
+    struct kd_graph graph;
+    struct kd_idmap idmap;
+
+    int loaded_from_file;
+    char *path;
+    uint8_t *map;
+    size_t map_len;
+    struct kd_vecio *vio;
+    int read_early;               /* early reads pay off (io_uring) */
+    unsigned searching;           /* with read_early: queries between query_begin and query_end */
+
+    pthread_rwlock_t lock;
+    pthread_mutex_t pool_lock;
+    struct kd_search_ctx *pool;
+    struct kd_stats st;           /* updated atomically */
+};
+
+static inline float kd_inv_norm(const struct kd_index *ix, const float *v)
+{
+    float n = ix->kern->dot(v, v, ix->p.dim);
+    return n > 0 ? 1.0f / sqrtf(n) : 0.0f;
+}
+
+static inline unsigned kd_resolve_threads(unsigned t)
+{
+    return t ? t : kd_cpu_count();
+}
+
+/* index.c */
+/* A new empty index with checked parameters, its vectors in memory. */
+int kd_index_alloc(struct kd_index **out, const struct kd_index_params *p);
+/* Room for `need` slots in every per-slot array. */
+int kd_index_grow(struct kd_index *ix, uint64_t need);
+uint32_t kd_record_stride_for(uint32_t dim);
+int kd_valid_quantization(uint32_t q);
+int kd_check_finite(const float *x, size_t n, uint32_t dim, const char *what);
+/* Fold a thread's counters into the index's. */
+void kd_index_stats_add(struct kd_index *ix, const struct kd_stats *s);
+
+#endif

@@ -1,0 +1,95 @@
+/* search.h — the search pipeline of one index, internal to the core, in
+ * pieces that a caller above several indexes can drive itself:
+ *
+ *   c = kd_search_ctx_get(ix)            per-thread state, pooled on ix
+ *   kd_query_begin(ix, c, q, sp, f)      phase one: graph search over codes;
+ *                                        the shortlist is scored (memory) or
+ *                                        its reads are in flight (disk)
+ *   kd_query_end(ix, c, sp, D, I, skip)  phase two: reap the reads, rescore,
+ *                                        write the top k
+ *   kd_search_ctx_put(ix, c)
+ *
+ * Both phases run under ix->lock held for reading, taken by the caller
+ * (kd_index_search does) and held from begin to end. kd_index_search runs
+ * them over a batch, two queries per worker, so that one query's reads
+ * overlap the next one's graph search. */
+#ifndef KD_SEARCH_H
+#define KD_SEARCH_H
+
+#include "index_impl.h"
+
+#define KD_EARLY_WAVES 3   /* see struct early_plan in search.c */
+
+/* Per-thread search state. Between begin and end it holds one query: */
+struct kd_search_ctx {
+    struct kd_search_ctx *next;
+    struct kd_search_scratch s;
+    struct kd_qcode qc;
+    float *qn;                    /* normalized query (cosine) */
+    uint8_t *buf;                 /* aligned records for reranking */
+    size_t buf_rows;
+    uint32_t *rows;               /* the shortlist */
+    uint64_t *rows64;             /* the same, as record numbers to read */
+    size_t rows_cap;
+    struct kd_heap_item *top;     /* exact top-k */
+    size_t top_cap;
+    struct kd_stats st;           /* this thread's counters, folded in by the caller */
+    /* A query between its two phases. */
+    const float *q;               /* as searched (normalized for cosine) */
+    size_t nshort, ntop;          /* rows[0..nshort) and their records in buf; top[0..ntop) */
+    int finished;                 /* top-k is final, no reads outstanding */
+    struct kd_vecio_pending *reads;
+    uint64_t t_graph;             /* when the graph search ended */
+    /* Early reads: the likeliest part of the shortlist, read in waves while
+     * the beam is still running. They are rows[0..nearly) and the first
+     * slots of buf; early_sorted holds the same rows in order, for lookups. */
+    struct kd_vecio_pending *early[KD_EARLY_WAVES];
+    size_t nearly;
+    struct kd_heap_item *pick;    /* scratch for choosing them */
+    uint32_t *early_sorted;
+    size_t pick_cap;
+    float expand_ratio;           /* level-0 expansions per ef, running mean; 0 unknown */
+};
+
+/* The rows a filter allows: built once per call, shared by its queries. */
+struct kd_filter {
+    uint8_t *allowed;     /* per slot, NULL when no filter */
+    uint32_t *rows;       /* allowed live rows */
+    size_t nrows;
+};
+
+/* A context from ix's pool (or a new one; NULL when out of memory). Its
+ * counters start at zero; fold them in with kd_index_stats_add before put. */
+struct kd_search_ctx *kd_search_ctx_get(struct kd_index *ix);
+void kd_search_ctx_put(struct kd_index *ix, struct kd_search_ctx *c);
+void kd_search_ctx_free(struct kd_search_ctx *c);
+
+/* Phase one for query q (dim floats, finite). On return c holds the query as
+ * searched (c->q) and either the final top-k (c->finished: no rerank, an
+ * exact fallback, or a shortlist scored in memory) or the shortlist's rows
+ * c->rows[0..nshort) with reads in flight into c->buf, early reads first.
+ * c->q may point at q itself, which must stay valid until kd_query_end.
+ * Always follow it with kd_query_end on the same c, even on error: reads
+ * may be in flight. */
+int kd_query_begin(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
+                   const struct kd_search_params *sp, const struct kd_filter *f);
+/* Phase two: wait for every read begin left, rescore, sort, write sp->k
+ * results to D and I (missing ones as the metric's missing value and -1).
+ * skip: reap only, write nothing (D and I may be NULL). */
+int kd_query_end(struct kd_index *ix, struct kd_search_ctx *c, const struct kd_search_params *sp,
+                 float *D, int64_t *I, int skip);
+
+/* The rows of sp->filter's ids, under the same read lock as the queries
+ * that use it. Free it with kd_filter_free, after a failure too. */
+int kd_filter_build(struct kd_index *ix, const struct kd_search_params *sp, struct kd_filter *f);
+void kd_filter_free(struct kd_filter *f);
+/* Rows the shortlist of a query with these parameters holds. */
+size_t kd_shortlist_size(const struct kd_index *ix, const struct kd_search_params *sp);
+
+/* The two kd_vsource shortlist operations. */
+int kd_shortlist_score_memory(struct kd_index *ix, struct kd_search_ctx *c,
+                              const struct kd_heap_item *res, size_t n, size_t k);
+int kd_shortlist_read(struct kd_index *ix, struct kd_search_ctx *c,
+                      const struct kd_heap_item *res, size_t n, size_t k);
+
+#endif
