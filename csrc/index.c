@@ -1529,7 +1529,7 @@ int kd_index_load(struct kd_index **out, struct kd_reader *r)
     if ((err = map_ids(ix, ix->ids, 0, n, &live)))
         goto fail;
     if (live != m.live) {
-        err = kd_fail(-EINVAL, "index file is corrupted (live count)");
+        err = kd_fail(-KD_ECORRUPT, "index file is corrupted (live count)");
         goto fail;
     }
     g->entry = n ? m.entry : KD_NONE;
@@ -1554,7 +1554,7 @@ int kd_index_load_path(struct kd_index **out, const char *path)
         return err;
     err = kd_index_load(out, &r);
     kd_reader_close(&r);
-    if (err == -EINVAL)
+    if (err == -EINVAL || err == -KD_ECORRUPT)
         prefix_path(path);
     return err;
 }
@@ -1634,12 +1634,12 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
         if ((uint64_t)st.st_size >= 8) {
             char magic[8];
             if (pread(fd, magic, 8, 0) == 8 && memcmp(magic, "KNNDIRCT", 8) == 0) {
-                err = kd_fail(-EINVAL, "%s: index file is truncated (%llu bytes)", path,
+                err = kd_fail(-KD_ECORRUPT, "%s: index file is truncated (%llu bytes)", path,
                               (unsigned long long)st.st_size);
                 goto fail;
             }
         }
-        err = kd_fail(-EINVAL, "%s is not a knndirect index (too small)", path);
+        err = kd_fail(-KD_ECORRUPT, "%s is not a knndirect index (too small)", path);
         goto fail;
     }
     map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
@@ -1660,7 +1660,7 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
                             *levels, *level0, *upperp, *vectors;
 #define NEED(var, id)                                                                   \
     if (!(var = kd_container_find(&c, id))) {                                           \
-        err = kd_fail(-EINVAL, "%s: index file lacks section %d", path, id);            \
+        err = kd_fail(-KD_ECORRUPT, "%s: index file lacks section %d", path, id);       \
         goto fail;                                                                      \
     }
     NEED(ids, KD_SEC_IDS)
@@ -1673,12 +1673,12 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
 #undef NEED
     struct kd_meta m;
     if (!meta || meta->length < sizeof m) {
-        err = kd_fail(-EINVAL, "%s: index metadata is missing or short", path);
+        err = kd_fail(-KD_ECORRUPT, "%s: index metadata is missing or short", path);
         goto fail;
     }
     memcpy(&m, map + meta->offset, sizeof m);
     if ((err = check_meta(&m)) || meta->length != sizeof m + meta_extra_bytes(&m)) {
-        err = err ? err : kd_fail(-EINVAL, "index metadata has the wrong size");
+        err = err ? err : kd_fail(-KD_ECORRUPT, "index metadata has the wrong size");
         prefix_path(path);
         goto fail;
     }
@@ -1686,7 +1686,7 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
     if (ids->length != n * 8 || deleted->length != n || codes->length != n * m.code_size ||
         levels->length != n || level0->length != n * (1 + m.m0) * 4 ||
         vectors->length != n * m.record_stride) {
-        err = kd_fail(-EINVAL, "%s: index sections do not match the vector count", path);
+        err = kd_fail(-KD_ECORRUPT, "%s: index sections do not match the vector count", path);
         goto fail;
     }
     if ((err = index_from_meta(&ix, &m, map + meta->offset + sizeof m)))
@@ -1714,13 +1714,13 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
         (err = kd_scan_section(&sc, ids, VIA_MAP(ids), 8, scan_ids, &o)))
         goto scan_fail;
     if (o.live != m.live) {
-        err = kd_fail(-EINVAL, "index file is corrupted (live count)");
+        err = kd_fail(-KD_ECORRUPT, "index file is corrupted (live count)");
         goto scan_fail;
     }
     if ((err = kd_scan_section(&sc, levels, VIA_MAP(levels), 1, scan_levels, &o)))
         goto scan_fail;
     if (upperp->length != o.upper_words * 4) {
-        err = kd_fail(-EINVAL, "index graph is corrupted (upper levels)");
+        err = kd_fail(-KD_ECORRUPT, "index graph is corrupted (upper levels)");
         goto scan_fail;
     }
     o.cap = m.m0;
@@ -1791,7 +1791,7 @@ int kd_index_verify(struct kd_index *ix)
             err = kd_scan_section(&sc, &c.sections[i], 1, 1, NULL, NULL);
     kd_scanner_free(&sc);
     if (!err && !vs)
-        err = kd_fail(-EINVAL, "index file lacks section %d", KD_SEC_VECTORS);
+        err = kd_fail(-KD_ECORRUPT, "index file lacks section %d", KD_SEC_VECTORS);
     if (!err && ix->vio) {
         /* A range read delivers the padding of every record but its last: one
          * record more is read (the next chunk's first), and the padding that
@@ -1815,12 +1815,12 @@ int kd_index_verify(struct kd_index *ix)
             crc = kd_crc32c(crc, ix->map + vs->offset + vs->length - (stride - ix->record_bytes),
                             stride - ix->record_bytes);
         if (!err && crc != vs->crc)
-            err = kd_fail(-EINVAL, "index section %u (vectors) is corrupted (checksum mismatch)",
+            err = kd_fail(-KD_ECORRUPT, "index section %u (vectors) is corrupted (checksum mismatch)",
                           vs->id);
     }
     kd_free_aligned(buf);
     pthread_rwlock_unlock(&ix->lock);
-    if (err == -EINVAL && ix->path)
+    if ((err == -EINVAL || err == -KD_ECORRUPT) && ix->path)
         prefix_path(ix->path);
     return err;
 }
