@@ -101,19 +101,24 @@ static void make_header(uint8_t head[KD_HEADER_BYTES])
 }
 
 /* Check the first `have` bytes of a header (have < 64 means the data ends
- * there). */
+ * there). Damage, truncation and a foreign file are -KD_ECORRUPT; a version
+ * this build does not read is -EINVAL. */
 static int check_header(const uint8_t *head, uint64_t have, uint32_t *version)
 {
-    if (have < 8 || memcmp(head, HEAD_MAGIC, 8) != 0)
-        return kd_fail(-EINVAL, "not a knndirect index (bad magic number)");
+    if (have == 0)
+        return kd_fail(-KD_ECORRUPT, "not a knndirect index (the data is empty)");
+    if (memcmp(head, HEAD_MAGIC, have < 8 ? (size_t)have : 8) != 0)
+        return kd_fail(-KD_ECORRUPT, "not a knndirect index (bad magic number)");
     if (have < KD_HEADER_BYTES)
-        return kd_fail(-EINVAL, "index data is truncated (%llu bytes)", (unsigned long long)have);
+        return kd_fail(-KD_ECORRUPT,
+                       "index data is truncated (it ends inside the header, at byte %llu)",
+                       (unsigned long long)have);
     uint32_t v, block, crc;
     memcpy(&v, head + 8, 4);
     memcpy(&block, head + 12, 4);
     memcpy(&crc, head + KD_HEADER_BYTES - 4, 4);
     if (crc != kd_crc32c(0, head, KD_HEADER_BYTES - 4))
-        return kd_fail(-EINVAL, "index header is corrupted (checksum mismatch)");
+        return kd_fail(-KD_ECORRUPT, "index header is corrupted (checksum mismatch)");
     if (v > KD_FORMAT_VERSION)
         return kd_fail(-EINVAL,
                        "index format version %u is newer than this build of knndirect reads "
@@ -125,7 +130,7 @@ static int check_header(const uint8_t *head, uint64_t have, uint32_t *version)
                        "%u to %u)",
                        v, KD_FORMAT_MIN_VERSION, KD_FORMAT_VERSION);
     if (block != KD_BLOCK)
-        return kd_fail(-EINVAL, "index header is corrupted (block size %u)", block);
+        return kd_fail(-KD_ECORRUPT, "index header is corrupted (block size %u)", block);
     *version = v;
     return 0;
 }
@@ -143,12 +148,12 @@ static int parse_tail(const uint8_t *p, uint32_t version, struct tail *t)
     memcpy(&t->version, p + 16, 4);
     memcpy(&t->reserved, p + 20, 4);
     if (memcmp(p + 24, TAIL_MAGIC, 8) != 0)
-        return kd_fail(-EINVAL, "index file is truncated or corrupted (no footer)");
+        return kd_fail(-KD_ECORRUPT, "index file is truncated or corrupted (no footer)");
     if (t->version != version || t->reserved != 0)
-        return kd_fail(-EINVAL, "index footer is corrupted (version %u, header says %u)",
+        return kd_fail(-KD_ECORRUPT, "index footer is corrupted (version %u, header says %u)",
                        t->version, version);
     if (t->n == 0 || t->n > KD_MAX_SECTIONS)
-        return kd_fail(-EINVAL, "index footer is corrupted (bad section table)");
+        return kd_fail(-KD_ECORRUPT, "index footer is corrupted (bad section table)");
     return 0;
 }
 
@@ -267,16 +272,17 @@ int kd_container_parse(struct kd_container *c, const uint8_t *base, uint64_t siz
     if (err)
         return err;
     if (size < KD_BLOCK + KD_TAIL_BYTES)
-        return kd_fail(-EINVAL, "index file is truncated (%llu bytes)", (unsigned long long)size);
+        return kd_fail(-KD_ECORRUPT, "index file is truncated (%llu bytes)",
+                       (unsigned long long)size);
     struct tail t;
     if ((err = parse_tail(base + size - KD_TAIL_BYTES, c->version, &t)))
         return err;
     if (t.table_off < KD_BLOCK || t.table_off % KD_BLOCK ||
         t.table_off + (uint64_t)t.n * sizeof(struct kd_section) != size - KD_TAIL_BYTES)
-        return kd_fail(-EINVAL, "index footer is corrupted (bad section table)");
+        return kd_fail(-KD_ECORRUPT, "index footer is corrupted (bad section table)");
     memcpy(c->sections, base + t.table_off, t.n * sizeof(struct kd_section));
     if (kd_crc32c(0, c->sections, t.n * sizeof(struct kd_section)) != t.crc)
-        return kd_fail(-EINVAL, "index footer is corrupted (checksum mismatch)");
+        return kd_fail(-KD_ECORRUPT, "index footer is corrupted (checksum mismatch)");
     c->nsections = t.n;
     uint64_t end = KD_BLOCK;
     for (uint32_t i = 0; i < t.n; i++) {
@@ -284,16 +290,25 @@ int kd_container_parse(struct kd_container *c, const uint8_t *base, uint64_t siz
         /* Sections follow each other in order, each on its own blocks. */
         if (s->offset % KD_BLOCK || s->offset < end || s->offset > t.table_off ||
             s->length > t.table_off - s->offset)
-            return kd_fail(-EINVAL, "index section %u lies outside the file", s->id);
+            return kd_fail(-KD_ECORRUPT,
+                           "index section %u (%s) lies outside the file or out of place "
+                           "(offset %llu, %llu bytes)",
+                           s->id, section_name(s->id), (unsigned long long)s->offset,
+                           (unsigned long long)s->length);
+        /* The writer leaves them 0 (the stream reader refuses them too). */
+        if (s->reserved || s->reserved2)
+            return kd_fail(-KD_ECORRUPT, "index section %u (%s) has a corrupted table entry",
+                           s->id, section_name(s->id));
         end = kd_round_up(s->offset + s->length, KD_BLOCK);
         for (uint32_t j = 0; j < i; j++)
             if (c->sections[j].id == s->id)
-                return kd_fail(-EINVAL, "index section %u appears twice", s->id);
+                return kd_fail(-KD_ECORRUPT, "index section %u (%s) appears twice", s->id,
+                               section_name(s->id));
         if (s->id < 32 && (skip_verify >> s->id & 1))
             continue;
         if (kd_crc32c(0, base + s->offset, s->length) != s->crc)
-            return kd_fail(-EINVAL, "index section %u (%s) is corrupted (checksum mismatch)", s->id,
-                            section_name(s->id));
+            return kd_fail(-KD_ECORRUPT, "index section %u (%s) is corrupted (checksum mismatch)",
+                           s->id, section_name(s->id));
     }
     return 0;
 }
@@ -316,9 +331,10 @@ const struct kd_section *kd_container_find(const struct kd_container *c, uint32_
 static int truncated(struct kd_container_reader *cr)
 {
     if (cr->open)
-        return kd_fail(-EINVAL, "index data is truncated (it ends inside section %u (%s), at byte %llu)",
+        return kd_fail(-KD_ECORRUPT,
+                       "index data is truncated (it ends inside section %u (%s), at byte %llu)",
                        cr->open->id, section_name(cr->open->id), (unsigned long long)cr->pos);
-    return kd_fail(-EINVAL, "index data is truncated (it ends at byte %llu)",
+    return kd_fail(-KD_ECORRUPT, "index data is truncated (it ends at byte %llu)",
                    (unsigned long long)cr->pos);
 }
 
@@ -460,7 +476,7 @@ int kd_cr_need(struct kd_container_reader *cr, uint64_t bytes)
 {
     uint64_t size = cr->r->size;
     if (size != KD_SIZE_UNKNOWN && (cr->pos > size || bytes > size - cr->pos))
-        return kd_fail(-EINVAL,
+        return kd_fail(-KD_ECORRUPT,
                        "index data is truncated or its metadata corrupted (%llu bytes, the "
                        "metadata needs at least %llu)",
                        (unsigned long long)size, (unsigned long long)(cr->pos + bytes));
@@ -479,20 +495,20 @@ int kd_cr_finish(struct kd_container_reader *cr)
     if (!err)
         err = parse_tail(raw + tbytes, cr->version, &t);
     if (!err && (t.table_off != table_off || t.n != cr->nsections))
-        err = kd_fail(-EINVAL, "index footer is corrupted (bad section table)");
+        err = kd_fail(-KD_ECORRUPT, "index footer is corrupted (bad section table)");
     if (!err && kd_crc32c(0, raw, tbytes) != t.crc)
-        err = kd_fail(-EINVAL, "index footer is corrupted (checksum mismatch)");
+        err = kd_fail(-KD_ECORRUPT, "index footer is corrupted (checksum mismatch)");
     for (uint32_t i = 0; !err && i < cr->nsections; i++) {
         struct kd_section s;
         const struct kd_section *got = &cr->sections[i];
         memcpy(&s, raw + i * sizeof s, sizeof s);
         if (s.id != got->id || s.offset != got->offset || s.length != got->length ||
             s.reserved || s.reserved2)
-            err = kd_fail(-EINVAL, "index section %u (%s) does not match the section table",
-                         got->id, section_name(got->id));
+            err = kd_fail(-KD_ECORRUPT, "index section %u (%s) does not match the section table",
+                          got->id, section_name(got->id));
         else if (s.crc != got->crc)
-            err = kd_fail(-EINVAL, "index section %u (%s) is corrupted (checksum mismatch)",
-                             s.id, section_name(s.id));
+            err = kd_fail(-KD_ECORRUPT, "index section %u (%s) is corrupted (checksum mismatch)",
+                          s.id, section_name(s.id));
     }
     if (!err && cr->r->whole) {
         uint8_t one;
@@ -500,7 +516,7 @@ int kd_cr_finish(struct kd_container_reader *cr)
         if (r < 0)
             err = (int)r;
         else if (r > 0)
-            err = kd_fail(-EINVAL, "unexpected data after the end of the index (byte %llu)",
+            err = kd_fail(-KD_ECORRUPT, "unexpected data after the end of the index (byte %llu)",
                           (unsigned long long)cr->pos);
     }
     kd_cr_discard(cr);
@@ -569,7 +585,8 @@ static int pread_full(int fd, uint8_t *buf, size_t n, uint64_t off, int *refused
             return kd_fail(-e, "reading the index file: %s", strerror(e));
         }
         if (r == 0)
-            return kd_fail(-EIO, "reading the index file: unexpected end of file");
+            return kd_fail(-KD_ECORRUPT, "reading the index file: it ended early (truncated "
+                                         "while open?)");
         buf += r;
         n -= (size_t)r;
         off += (uint64_t)r;
@@ -626,7 +643,7 @@ int kd_scan_section(struct kd_scanner *s, const struct kd_section *sec, int via_
         }
     }
     if (!err && crc != sec->crc)
-        err = kd_fail(-EINVAL, "index section %u (%s) is corrupted (checksum mismatch)",
+        err = kd_fail(-KD_ECORRUPT, "index section %u (%s) is corrupted (checksum mismatch)",
                       sec->id, section_name(sec->id));
     return err;
 }

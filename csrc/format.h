@@ -20,7 +20,13 @@
  * Versions: a file carries the version that wrote it. A reader accepts
  * KD_FORMAT_MIN_VERSION..KD_FORMAT_VERSION; a newer file is refused with a
  * message naming both versions. Bumping the version means keeping a reader
- * for every older one: tests/data holds a golden file that must keep opening. */
+ * for every older one: tests/data holds a golden file that must keep opening.
+ *
+ * Errors: a truncated, damaged or foreign file (bad magic, a checksum that
+ * does not match, a table or tail that disagrees with the file, data that
+ * ends early or goes on past the tail) is -KD_ECORRUPT (common.h), raised as
+ * knndirect.CorruptIndexError; a version this build does not read and a
+ * misuse of the API stay -EINVAL; a failing read passes its own errno on. */
 #ifndef KD_FORMAT_H
 #define KD_FORMAT_H
 
@@ -103,8 +109,9 @@ int kd_container_parse(struct kd_container *c, const uint8_t *base, uint64_t siz
                        uint32_t skip_verify);
 const struct kd_section *kd_container_find(const struct kd_container *c, uint32_t id);
 
-/* ---- reading a stream. Errors (truncation, a bad checksum, a table that
- * disagrees) are -EINVAL; a failing source passes its own errno on. */
+/* ---- reading a stream. Damage (truncation, a bad checksum, a table that
+ * disagrees, a foreign file) is -KD_ECORRUPT; a failing source passes its own
+ * errno on. */
 struct kd_container_reader {
     struct kd_reader *r;
     uint64_t pos;               /* bytes consumed from the source */

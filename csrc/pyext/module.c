@@ -9,6 +9,16 @@
 
 #include <string.h>
 
+/* knndirect.CorruptIndexError, made once at module init. */
+static PyObject *CorruptIndexError;
+
+static const char corrupt_doc[] =
+    "The index data is truncated, damaged or not a knndirect index at all.\n\n"
+    "Raised by knndirect.load, knndirect.open and Index.verify when a checksum\n"
+    "does not match, the data ends early or goes on past its end, or the\n"
+    "structure it describes is inconsistent. A subclass of ValueError: a bad\n"
+    "argument raises a plain ValueError, and a failing read an OSError.";
+
 PyObject *kd_raise_os(int err)
 {
     const char *msg = kd_last_error();
@@ -27,8 +37,10 @@ PyObject *kd_raise(int err)
     if (!msg[0])
         msg = strerror(-err);
     switch (-err) {
+    case KD_ECORRUPT:
+        PyErr_SetString(CorruptIndexError ? CorruptIndexError : PyExc_ValueError, msg);
+        break;
     case EINVAL:
-    case KD_ECORRUPT:   /* until CorruptIndexError (a ValueError) exists */
     case EDOM:
     case EEXIST:
     case EROFS:
@@ -218,6 +230,21 @@ PyMODINIT_FUNC PyInit__core(void)
     PyObject *metrics = kd_metrics_table();
     if (!metrics || PyModule_AddObject(m, "METRICS", metrics) < 0) {
         Py_XDECREF(metrics);
+        Py_DECREF(m);
+        return NULL;
+    }
+    /* Named for where users meet it (knndirect re-exports it), so that its
+     * instances pickle by reference to knndirect.CorruptIndexError. */
+    if (!CorruptIndexError)
+        CorruptIndexError = PyErr_NewExceptionWithDoc("knndirect.CorruptIndexError", corrupt_doc,
+                                                      PyExc_ValueError, NULL);
+    if (!CorruptIndexError) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(CorruptIndexError);
+    if (PyModule_AddObject(m, "CorruptIndexError", CorruptIndexError) < 0) {
+        Py_DECREF(CorruptIndexError);
         Py_DECREF(m);
         return NULL;
     }

@@ -5,8 +5,9 @@ against full-precision float32 vectors fetched from SSD as one batch of
 parallel O_DIRECT reads (io_uring, or a thread pool) straight into a NumPy
 buffer, with the GIL released throughout.
 """
+from ._core import CorruptIndexError
 from ._index import Index, load, open, features
 from . import datasets
 
-__all__ = ["Index", "load", "open", "features", "datasets"]
+__all__ = ["Index", "load", "open", "features", "datasets", "CorruptIndexError"]
 __version__ = "0.1.0"
