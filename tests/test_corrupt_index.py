@@ -151,7 +151,7 @@ def corrupt(fn, what=""):
         assert msg and "\n" not in msg, what
         return msg
     except Exception as e:   # noqa: BLE001 - report what was raised instead
-        raise NotCorrupt(f"{what}: {type(e).__name__}: {e} (expected CorruptIndexError)")
+        raise NotCorrupt(f"{what}: {type(e).__name__}: {e} (expected CorruptIndexError)") from e
     r.close()
     raise NotCorrupt(f"{what}: the damaged data was accepted")
 

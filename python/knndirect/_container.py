@@ -12,9 +12,11 @@ An index file (csrc/format.h) is little-endian:
 
 This module is for tests, benchmarks and tools (the engine has its own reader
 in C): it finds the sections and checks checksums, with the same rules as
-kd_container_parse, and raises ValueError on anything that is not a whole,
-well-formed container. Reading the layout of a path reads only its header,
-table and tail, with read-ahead off: the sections stay out of the page cache.
+kd_container_parse, and raises CorruptIndexError (a ValueError) on anything
+that is not a whole, well-formed container (a plain ValueError for a format
+version it does not know, as the engine does). Reading the layout of a path
+reads only its header, table and tail, with read-ahead off: the sections
+stay out of the page cache.
 
     layout = read_layout("index.kdx")          # or bytes, or any buffer
     off, length = layout["vectors"].offset, layout["vectors"].length
@@ -31,6 +33,8 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, Optional, Tuple, Union
 
 import numpy as np
+
+from ._core import CorruptIndexError
 
 __all__ = [
     "BLOCK", "HEADER_BYTES", "TAIL_BYTES", "ENTRY_BYTES", "MAGIC", "TAIL_MAGIC",
@@ -299,7 +303,7 @@ class _Reader:
 
 
 def _fail(msg):
-    raise ValueError(msg)
+    raise CorruptIndexError(msg)
 
 
 def _parse(r: _Reader) -> Layout:
@@ -314,11 +318,11 @@ def _parse(r: _Reader) -> Layout:
     if crc32c(head[:HEADER_CRC_AT]) != hcrc:
         _fail("index header is corrupted (checksum mismatch)")
     if version > FORMAT_VERSION:
-        _fail(f"index format version {version} is newer than this reader knows "
-              f"(version {FORMAT_VERSION})")
+        raise ValueError(f"index format version {version} is newer than this reader knows "
+                         f"(version {FORMAT_VERSION})")
     if version < MIN_FORMAT_VERSION:
-        _fail(f"index format version {version} is not supported (this reader knows versions "
-              f"{MIN_FORMAT_VERSION} to {FORMAT_VERSION})")
+        raise ValueError(f"index format version {version} is not supported (this reader "
+                         f"knows versions {MIN_FORMAT_VERSION} to {FORMAT_VERSION})")
     if block != BLOCK:
         _fail(f"index header is corrupted (block size {block})")
     if size < BLOCK + TAIL_BYTES:

@@ -398,7 +398,8 @@ class Index:
         Returns
         -------
         bool
-            True. Corruption raises ValueError naming the section.
+            True. Corruption raises CorruptIndexError (a ValueError) naming the
+            section.
         """
         return self._core.verify()
 
@@ -530,7 +531,8 @@ def load(source) -> Index:
     Index
         A writable index: add, remove, search and save all work. Every
         checksum is verified while reading, vectors included; a truncated,
-        corrupted or foreign source raises ValueError, a failing one OSError.
+        corrupted or foreign source raises CorruptIndexError (a ValueError), a
+        failing one OSError.
         Memory: the index itself plus a 1 MiB read-ahead buffer; the source
         is never copied whole. ``info()["source"]`` says where it came from.
     """
