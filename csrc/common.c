@@ -26,10 +26,7 @@ int kd_fail(int err, const char *fmt, ...)
 const char *kd_last_error(void) { return errmsg; }
 void kd_clear_error(void) { errmsg[0] = 0; }
 
-void kd_set_error_text(const char *msg)
-{
-    snprintf(errmsg, sizeof errmsg, "%s", msg);
-}
+void kd_set_error_text(const char *msg) { snprintf(errmsg, sizeof errmsg, "%s", msg); }
 
 uint64_t kd_now_ns(void)
 {

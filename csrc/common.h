@@ -42,12 +42,12 @@ void kd_free_aligned(void *p);
  * or writes of a save. */
 enum kd_fault_kind {
     KD_FAULT_NONE = 0,
-    KD_FAULT_READ_EIO = 1,      /* the read fails with EIO */
-    KD_FAULT_READ_SHORT = 2,    /* the read returns half of what it got */
-    KD_FAULT_READ_EOF = 3,      /* the read returns 0 bytes: the file looks truncated */
-    KD_FAULT_WRITE_ENOSPC = 4,  /* the write fails with ENOSPC */
-    KD_FAULT_WRITE_EIO = 5,     /* the write fails with EIO */
-    KD_FAULT_WRITE_SLOW = 6,    /* the write takes 100 ms longer: a slow disk */
+    KD_FAULT_READ_EIO = 1,     /* the read fails with EIO */
+    KD_FAULT_READ_SHORT = 2,   /* the read returns half of what it got */
+    KD_FAULT_READ_EOF = 3,     /* the read returns 0 bytes: the file looks truncated */
+    KD_FAULT_WRITE_ENOSPC = 4, /* the write fails with ENOSPC */
+    KD_FAULT_WRITE_EIO = 5,    /* the write fails with EIO */
+    KD_FAULT_WRITE_SLOW = 6,   /* the write takes 100 ms longer: a slow disk */
 };
 extern int kd_fault_kind;
 void kd_fault_arm(int kind, uint64_t after, int64_t count);

@@ -37,8 +37,7 @@ static float dot_scalar(const float *a, const float *b, size_t d)
     return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
-static void dot4_scalar(const float *const q[4], const float *x, size_t d, float out[4],
-                        float *xx)
+static void dot4_scalar(const float *const q[4], const float *x, size_t d, float out[4], float *xx)
 {
     for (int j = 0; j < 4; j++)
         out[j] = dot_scalar(q[j], x, d);
@@ -65,8 +64,8 @@ static void fwht_scalar(float *x, size_t n)
         x[i] *= s;
 }
 
-static const struct kd_kernels scalar_kernels = {"scalar", l2sq_scalar, dot_scalar, dot4_scalar,
-                                                 l2sq4_scalar, fwht_scalar};
+static const struct kd_kernels scalar_kernels = {"scalar",    l2sq_scalar,  dot_scalar,
+                                                 dot4_scalar, l2sq4_scalar, fwht_scalar};
 
 #ifdef KD_X86
 #define AVX2 __attribute__((target("avx2,fma")))
@@ -213,16 +212,13 @@ AVX2 static void fwht_avx2(float *x, size_t n)
         _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), s));
 }
 
-static const struct kd_kernels avx2_kernels = {"avx2", l2sq_avx2, dot_avx2, dot4_avx2, l2sq4_avx2,
-                                               fwht_avx2};
+static const struct kd_kernels avx2_kernels = {"avx2",    l2sq_avx2,  dot_avx2,
+                                               dot4_avx2, l2sq4_avx2, fwht_avx2};
 
 /* AVX-512: masked loads handle any tail. */
 #define AVX512 __attribute__((target("avx512f")))
 
-AVX512 static inline __mmask16 mask16(size_t r)
-{
-    return (__mmask16)((1u << r) - 1u);
-}
+AVX512 static inline __mmask16 mask16(size_t r) { return (__mmask16)((1u << r) - 1u); }
 
 AVX512 static float l2sq_avx512(const float *a, const float *b, size_t d)
 {
@@ -295,8 +291,8 @@ AVX512 static void l2sq4_avx512(const float *const q[4], const float *x, size_t 
 }
 
 /* The transform is short and cache-resident: the AVX2 one serves here. */
-static const struct kd_kernels avx512_kernels = {"avx512", l2sq_avx512, dot_avx512, dot4_avx512,
-                                                 l2sq4_avx512, fwht_avx2};
+static const struct kd_kernels avx512_kernels = {"avx512",    l2sq_avx512,  dot_avx512,
+                                                 dot4_avx512, l2sq4_avx512, fwht_avx2};
 
 int kd_cpu_has_avx2(void)
 {

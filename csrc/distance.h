@@ -19,9 +19,9 @@ typedef void (*kd_block_l2_fn)(const float *const q[4], const float *x, size_t d
 typedef void (*kd_fwht_fn)(float *x, size_t n);
 
 struct kd_kernels {
-    const char *name;     /* "scalar", "avx2", "avx512" */
-    kd_pair_fn l2sq;      /* sum (a-b)^2 */
-    kd_pair_fn dot;       /* sum a*b */
+    const char *name; /* "scalar", "avx2", "avx512" */
+    kd_pair_fn l2sq;  /* sum (a-b)^2 */
+    kd_pair_fn dot;   /* sum a*b */
     kd_block_fn dot4;
     kd_block_l2_fn l2sq4;
     kd_fwht_fn fwht;

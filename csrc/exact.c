@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TILE_ROWS 64          /* rows scored against every query block while cached */
+#define TILE_ROWS 64            /* rows scored against every query block while cached */
 #define HEAP_BUDGET (64u << 20) /* bytes of per-thread heaps; more queries go in passes */
 
 static int cmp_item(const void *a, const void *b)
@@ -17,15 +17,9 @@ static int cmp_item(const void *a, const void *b)
     return (x->row > y->row) - (x->row < y->row);
 }
 
-void kd_topk_sort(struct kd_heap_item *h, size_t n)
-{
-    qsort(h, n, sizeof *h, cmp_item);
-}
+void kd_topk_sort(struct kd_heap_item *h, size_t n) { qsort(h, n, sizeof *h, cmp_item); }
 
-static inline float cosine_from(float qx, float xx)
-{
-    return xx > 0 ? -qx / sqrtf(xx) : -0.0f;
-}
+static inline float cosine_from(float qx, float xx) { return xx > 0 ? -qx / sqrtf(xx) : -0.0f; }
 
 float kd_exact_distance(const struct kd_exact_data *d, const float *q, const float *x)
 {
@@ -49,13 +43,13 @@ struct pass {
     size_t q0, q1, k;
     const uint8_t *block;
     size_t pitch;
-    uint64_t first;              /* row or position at block[0] */
+    uint64_t first; /* row or position at block[0] */
     int by_position;
     const uint32_t *rows;
     uint64_t begin, end;
     unsigned threads, all_threads;
-    struct kd_heap_item *heaps;  /* all_threads x (q1-q0) x k */
-    size_t *fill;                /* all_threads x (q1-q0) */
+    struct kd_heap_item *heaps; /* all_threads x (q1-q0) x k */
+    size_t *fill;               /* all_threads x (q1-q0) */
     unsigned next_thread;
 };
 
@@ -69,7 +63,7 @@ static void score_tile(const struct pass *p, struct kd_heap_item *heaps, size_t 
         size_t lanes = nq - qb < 4 ? nq - qb : 4;
         for (size_t j = 0; j < 4; j++)
             qs[j] = p->q + (p->q0 + qb + (j < lanes ? j : 0)) * d->dim;
-        if (lanes == 1) {   /* a lone query: pair kernels, not four copies */
+        if (lanes == 1) { /* a lone query: pair kernels, not four copies */
             for (size_t t = 0; t < ntile; t++) {
                 const float *x = xs[t];
                 float dist = d->metric == KD_L2 ? d->kern->l2sq(qs[0], x, d->dim)
@@ -253,8 +247,8 @@ static int score_subset_from_disk(struct pass *p, const uint32_t *rows, size_t n
 }
 
 int kd_exact_search(const struct kd_exact_data *d, const float *q, size_t nq, size_t k,
-                    const uint32_t *rows, size_t nrows, unsigned threads,
-                    struct kd_heap_item *out, size_t *nout, struct kd_io_counters *io)
+                    const uint32_t *rows, size_t nrows, unsigned threads, struct kd_heap_item *out,
+                    size_t *nout, struct kd_io_counters *io)
 {
     if (nq == 0)
         return 0;

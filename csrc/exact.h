@@ -14,12 +14,12 @@
 
 /* Where the float32 vectors are. */
 struct kd_exact_data {
-    int metric;                  /* enum kd_metric */
+    int metric; /* enum kd_metric */
     uint32_t dim;
-    const float *vectors;        /* in memory: row r at vectors + r*dim; NULL: on disk */
-    struct kd_vecio *vio;        /* on disk: records of `stride` bytes */
+    const float *vectors; /* in memory: row r at vectors + r*dim; NULL: on disk */
+    struct kd_vecio *vio; /* on disk: records of `stride` bytes */
     uint32_t stride;
-    const uint8_t *deleted;      /* tombstones, one byte per row */
+    const uint8_t *deleted; /* tombstones, one byte per row */
     uint64_t count;
     const struct kd_kernels *kern;
 };
@@ -29,8 +29,8 @@ struct kd_exact_data {
  * rows[0..nrows). Queries are normalized already for cosine. out holds nq*k
  * items, each query's sorted ascending; nout[i] how many it has. */
 int kd_exact_search(const struct kd_exact_data *d, const float *q, size_t nq, size_t k,
-                    const uint32_t *rows, size_t nrows, unsigned threads,
-                    struct kd_heap_item *out, size_t *nout, struct kd_io_counters *io);
+                    const uint32_t *rows, size_t nrows, unsigned threads, struct kd_heap_item *out,
+                    size_t *nout, struct kd_io_counters *io);
 
 /* Read n floats with `threads` threads as fast as the memory allows (a sum
  * the compiler cannot drop); returns the seconds taken. The probe that exact
@@ -41,8 +41,7 @@ double kd_exact_read_probe(const float *x, size_t n, unsigned threads);
 float kd_exact_distance(const struct kd_exact_data *d, const float *q, const float *x);
 
 /* Keep the k smallest in a max-heap h of *n <= k items. */
-static inline void kd_topk_offer(struct kd_heap_item *h, size_t *n, size_t k, float d,
-                                 uint32_t row)
+static inline void kd_topk_offer(struct kd_heap_item *h, size_t *n, size_t k, float d, uint32_t row)
 {
     if (*n < k) {
         size_t i = (*n)++;

@@ -81,8 +81,8 @@ uint32_t kd_crc32c(uint32_t crc, const void *buf, size_t n)
 
 static const char *section_name(uint32_t id)
 {
-    static const char *names[] = {"?", "metadata", "ids", "tombstones", "codes",
-                                  "graph levels", "graph level 0", "graph upper levels",
+    static const char *names[] = {"?",      "metadata",     "ids",           "tombstones",
+                                  "codes",  "graph levels", "graph level 0", "graph upper levels",
                                   "vectors"};
     return id < sizeof names / sizeof *names ? names[id] : "unknown";
 }
@@ -297,8 +297,8 @@ int kd_container_parse(struct kd_container *c, const uint8_t *base, uint64_t siz
                            (unsigned long long)s->length);
         /* The writer leaves them 0 (the stream reader refuses them too). */
         if (s->reserved || s->reserved2)
-            return kd_fail(-KD_ECORRUPT, "index section %u (%s) has a corrupted table entry",
-                           s->id, section_name(s->id));
+            return kd_fail(-KD_ECORRUPT, "index section %u (%s) has a corrupted table entry", s->id,
+                           section_name(s->id));
         end = kd_round_up(s->offset + s->length, KD_BLOCK);
         for (uint32_t j = 0; j < i; j++)
             if (c->sections[j].id == s->id)
@@ -429,7 +429,7 @@ int kd_cr_begin(struct kd_container_reader *cr, struct kd_reader *r)
                 break;
         }
         size_t n = cr->end - cr->start < sizeof head - have ? cr->end - cr->start
-                                                              : sizeof head - have;
+                                                            : sizeof head - have;
         memcpy(head + have, cr->buf + cr->start, n);
         cr->start += n;
         have += n;
@@ -502,8 +502,8 @@ int kd_cr_finish(struct kd_container_reader *cr)
         struct kd_section s;
         const struct kd_section *got = &cr->sections[i];
         memcpy(&s, raw + i * sizeof s, sizeof s);
-        if (s.id != got->id || s.offset != got->offset || s.length != got->length ||
-            s.reserved || s.reserved2)
+        if (s.id != got->id || s.offset != got->offset || s.length != got->length || s.reserved ||
+            s.reserved2)
             err = kd_fail(-KD_ECORRUPT, "index section %u (%s) does not match the section table",
                           got->id, section_name(got->id));
         else if (s.crc != got->crc)
@@ -617,8 +617,8 @@ int kd_scan_section(struct kd_scanner *s, const struct kd_section *sec, int via_
             size_t n = sec->length - at < chunk ? (size_t)(sec->length - at) : chunk;
             uint64_t ahead = at + SCAN_AHEAD;
             if (ahead < sec->length)
-                will_need(base + ahead, sec->length - ahead < chunk ? (size_t)(sec->length - ahead)
-                                                                    : chunk);
+                will_need(base + ahead,
+                          sec->length - ahead < chunk ? (size_t)(sec->length - ahead) : chunk);
             crc = kd_crc32c(crc, base + at, n);
             if (fn)
                 err = fn(arg, base + at, n, at);
@@ -627,8 +627,8 @@ int kd_scan_section(struct kd_scanner *s, const struct kd_section *sec, int via_
         for (uint64_t at = 0; !err && at < sec->length; at += chunk) {
             size_t n = sec->length - at < chunk ? (size_t)(sec->length - at) : chunk;
             int refused = 0;
-            err = pread_full(s->fd, s->bounce, (size_t)kd_round_up(n, KD_BLOCK),
-                             sec->offset + at, &refused);
+            err = pread_full(s->fd, s->bounce, (size_t)kd_round_up(n, KD_BLOCK), sec->offset + at,
+                             &refused);
             if (!err && refused) {
                 /* O_DIRECT refused at read time: read through the mapping. */
                 close(s->fd);

@@ -72,7 +72,7 @@ _Static_assert(offsetof(struct kd_section, crc) == 24, "section entries are stor
 _Static_assert(KD_HEADER_BYTES <= KD_BLOCK && KD_TAIL_BYTES == 32, "header and tail sizes");
 
 struct kd_container {
-    const uint8_t *base;    /* whole file in memory or mapped */
+    const uint8_t *base; /* whole file in memory or mapped */
     uint64_t size;
     uint32_t version;
     uint32_t nsections;
@@ -88,7 +88,7 @@ struct kd_container_writer {
     uint64_t pos;
     uint32_t nsections;
     struct kd_section sections[KD_MAX_SECTIONS];
-    struct kd_section *open;    /* section being written */
+    struct kd_section *open; /* section being written */
     uint8_t *buf;
     size_t fill, cap;
 };
@@ -114,14 +114,14 @@ const struct kd_section *kd_container_find(const struct kd_container *c, uint32_
  * errno on. */
 struct kd_container_reader {
     struct kd_reader *r;
-    uint64_t pos;               /* bytes consumed from the source */
+    uint64_t pos; /* bytes consumed from the source */
     uint32_t version;
     uint32_t nsections;
     struct kd_section sections[KD_MAX_SECTIONS];
     struct kd_section *open;
-    uint8_t *buf;               /* bytes read ahead: buf[start..end) */
+    uint8_t *buf; /* bytes read ahead: buf[start..end) */
     size_t start, end, cap;
-    uint64_t limit;             /* stream bytes known to belong to the index */
+    uint64_t limit; /* stream bytes known to belong to the index */
 };
 
 int kd_cr_begin(struct kd_container_reader *cr, struct kd_reader *r);
@@ -146,7 +146,7 @@ void kd_cr_discard(struct kd_container_reader *cr);
 /* ---- scanning one section of a mapped file. */
 struct kd_scanner {
     const uint8_t *map;
-    int fd;                     /* O_DIRECT descriptor, or -1: read the mapping */
+    int fd; /* O_DIRECT descriptor, or -1: read the mapping */
     uint8_t *bounce;
     size_t cap;
 };

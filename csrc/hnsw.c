@@ -164,13 +164,12 @@ static inline int accepted(const struct kd_accept *a, uint32_t row)
 }
 
 /* Offer an item to a bounded max-heap of the `cap` smallest. */
-static inline void keep_best(struct kd_heap_item *h, size_t *n, size_t cap,
-                             struct kd_heap_item it)
+static inline void keep_best(struct kd_heap_item *h, size_t *n, size_t cap, struct kd_heap_item it)
 {
     if (*n < cap)
         heap_push(h, n, it, 1);
     else if (it.dist < h[0].dist)
-        sift_down(h, *n, it, 1);  /* the largest makes way */
+        sift_down(h, *n, it, 1); /* the largest makes way */
 }
 
 static void heap_sort_ascending(struct kd_heap_item *h, size_t n)
@@ -212,9 +211,9 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
         if (early && expanded++ == early->after)
             early->fn(early->arg, keep ? s->pool : s->res, keep ? npool : nres);
         uint32_t n = read_list(g, c.row, level, s->list, locked), m = 0;
-        if (ncand)  /* the next list to expand, most likely */
+        if (ncand) /* the next list to expand, most likely */
             __builtin_prefetch(kd_graph_list(g, s->cand[0].row, level));
-        for (uint32_t i = 0; i < n; i++)  /* the tags are scattered: ask for all at once */
+        for (uint32_t i = 0; i < n; i++) /* the tags are scattered: ask for all at once */
             __builtin_prefetch(&v->tags[s->list[i]]);
         for (uint32_t i = 0; i < n; i++) {
             uint32_t r = s->list[i];
@@ -263,8 +262,8 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
 }
 
 /* Greedy walk down to `stop`+1, starting from the entry; result in s->res[0]. */
-static void descend(const struct kd_graph *g, struct kd_search_scratch *s, uint32_t ep,
-                    int top, int stop, kd_batch_dist_fn dist, void *dctx, int locked)
+static void descend(const struct kd_graph *g, struct kd_search_scratch *s, uint32_t ep, int top,
+                    int stop, kd_batch_dist_fn dist, void *dctx, int locked)
 {
     float d;
     dist(dctx, &ep, 1, &d);
@@ -481,7 +480,7 @@ static void force_in_link(struct kd_graph *g, uint32_t nb, uint32_t node, int le
     if (l[0] < cap)
         l[++l[0]] = node;
     else
-        l[cap] = node;   /* the last entry is the farthest kept */
+        l[cap] = node; /* the last entry is the farthest kept */
     node_unlock(g, nb);
 }
 
@@ -508,8 +507,8 @@ static int insert_one(struct kd_graph *g, const struct kd_build_oracle *o, uint3
     size_t nentry = 1;
     uint32_t *chosen = rows + g->m0 + 2;
     for (int lc = level < top ? level : top; lc >= 0; lc--) {
-        size_t nres = search_layer(g, s, lc, ef, nentry, dist_from_node, &f, NULL, 1, 0,
-                                   NULL, NULL);
+        size_t nres = search_layer(g, s, lc, ef, nentry, dist_from_node, &f, NULL, 1, 0, NULL,
+                                   NULL);
         if (!nres) {
             if (hold)
                 pthread_mutex_unlock(&g->entry_lock);

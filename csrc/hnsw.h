@@ -12,13 +12,13 @@
 #define KD_NONE UINT32_MAX
 
 struct kd_graph {
-    uint32_t m, m0;          /* list capacity on upper levels / level 0 (2m) */
-    uint64_t count;          /* nodes present */
-    uint32_t *level0;        /* per node: [n, nbr * m0] */
-    uint8_t *levels;         /* top level of each node */
-    uint32_t **upper;        /* per node with level > 0: level * [n, nbr * m] */
-    uint8_t *locks;          /* per-node spin locks, build only */
-    int owns;                /* arrays are heap-owned (not mapped) */
+    uint32_t m, m0;   /* list capacity on upper levels / level 0 (2m) */
+    uint64_t count;   /* nodes present */
+    uint32_t *level0; /* per node: [n, nbr * m0] */
+    uint8_t *levels;  /* top level of each node */
+    uint32_t **upper; /* per node with level > 0: level * [n, nbr * m] */
+    uint8_t *locks;   /* per-node spin locks, build only */
+    int owns;         /* arrays are heap-owned (not mapped) */
     uint32_t entry;
     int max_level;
     pthread_mutex_t entry_lock;
@@ -52,12 +52,12 @@ struct kd_search_scratch {
     struct kd_visited visited;
     struct kd_heap_item *cand, *res;
     size_t heap_cap;
-    struct kd_heap_item *pool;    /* best `keep` of all nodes scored */
+    struct kd_heap_item *pool; /* best `keep` of all nodes scored */
     size_t pool_cap;
     const struct kd_heap_item *out; /* results of the last search */
     uint32_t *rows;
     float *dists;
-    uint32_t *list;          /* copy of one neighbour list */
+    uint32_t *list; /* copy of one neighbour list */
 };
 
 int kd_scratch_reserve(struct kd_search_scratch *s, uint64_t nodes, size_t ef, uint32_t m0);
@@ -66,8 +66,8 @@ void kd_scratch_free(struct kd_search_scratch *s);
 /* Which nodes may be results: not tombstoned, and allowed by a filter.
  * Either array may be NULL (no constraint); other nodes are still walked. */
 struct kd_accept {
-    const uint8_t *deleted;   /* NULL: nothing removed */
-    const uint8_t *allowed;   /* NULL: no filter */
+    const uint8_t *deleted; /* NULL: nothing removed */
+    const uint8_t *allowed; /* NULL: no filter */
 };
 
 /* An optional call in the middle of the level-0 beam: after `after`

@@ -10,8 +10,8 @@
 
 struct kd_idmap {
     int64_t *keys;
-    uint32_t *rows;     /* KD_NO_ROW marks an empty slot */
-    size_t cap;         /* power of two */
+    uint32_t *rows; /* KD_NO_ROW marks an empty slot */
+    size_t cap;     /* power of two */
     size_t size;
 };
 

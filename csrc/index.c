@@ -18,7 +18,7 @@ uint32_t kd_record_stride_for(uint32_t dim)
     if (bytes > KD_BLOCK)
         return (uint32_t)kd_round_up(bytes, KD_BLOCK);
     while (s < bytes)
-        s *= 2;  /* a power of two never straddles a 4 KiB block */
+        s *= 2; /* a power of two never straddles a 4 KiB block */
     return s;
 }
 
@@ -39,10 +39,7 @@ double kd_default_oversample(int quantization, uint32_t dim)
     return 8.0;
 }
 
-int kd_valid_quantization(uint32_t q)
-{
-    return q == KD_Q_1BIT || q == KD_Q_4BIT || q == KD_Q_8BIT;
-}
+int kd_valid_quantization(uint32_t q) { return q == KD_Q_1BIT || q == KD_Q_4BIT || q == KD_Q_8BIT; }
 
 void kd_index_stats_add(struct kd_index *ix, const struct kd_stats *s)
 {
@@ -107,8 +104,8 @@ int kd_index_create(struct kd_index **out, const struct kd_index_params *p)
     int err = kd_index_alloc(&ix, p);
     if (err)
         return err;
-    err = kd_quant_init(&ix->quant, (uint32_t)p->quantization, p->dim, p->metric, 1, NULL,
-                        NULL, p->seed);
+    err = kd_quant_init(&ix->quant, (uint32_t)p->quantization, p->dim, p->metric, 1, NULL, NULL,
+                        p->seed);
     if (err) {
         kd_index_free(ix);
         return err;
@@ -253,7 +250,8 @@ static void *encode_worker(void *arg)
 static float oracle_pair(void *p, uint32_t a, uint32_t b)
 {
     const struct kd_index *ix = p;
-    const float *va = ix->vectors + (size_t)a * ix->p.dim, *vb = ix->vectors + (size_t)b * ix->p.dim;
+    const float *va = ix->vectors + (size_t)a * ix->p.dim,
+                *vb = ix->vectors + (size_t)b * ix->p.dim;
     switch (ix->p.metric) {
     case KD_L2:
         return ix->kern->l2sq(va, vb, ix->p.dim);
@@ -305,7 +303,8 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
     uint64_t first = ix->count, last = first + n;
     size_t put = 0;
     if (ix->src->read_only) {
-        err = kd_fail(-EROFS, "index opened from disk is read-only; use knndirect.load to modify it");
+        err = kd_fail(-EROFS,
+                      "index opened from disk is read-only; use knndirect.load to modify it");
         goto out;
     }
     if (last > UINT32_MAX - 1) {
@@ -335,7 +334,7 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
         /* Lists may already point at the new nodes: the index cannot be rolled
          * back consistently, so keep them and report the error. */
         ix->count = last;
-        __atomic_fetch_add(&ix->live, n, __ATOMIC_RELAXED);   /* kd_index_count reads it unlocked */
+        __atomic_fetch_add(&ix->live, n, __ATOMIC_RELAXED); /* kd_index_count reads it unlocked */
         put = 0;
         goto out;
     }
@@ -369,7 +368,7 @@ int kd_index_remove(struct kd_index *ix, const int64_t *ids, size_t n)
     for (size_t i = 0; i < n; i++) {
         uint32_t r = kd_idmap_get(&ix->idmap, ids[i]);
         if (r == KD_NO_ROW)
-            continue;   /* repeated in this call */
+            continue; /* repeated in this call */
         ix->deleted[r] = 1;
         __atomic_fetch_sub(&ix->live, 1, __ATOMIC_RELAXED);
         kd_idmap_del(&ix->idmap, ids[i]);
@@ -467,14 +466,14 @@ void kd_index_vector_layout(const struct kd_index *ix, size_t *alignment, size_t
 static uint64_t resident_bytes(const struct kd_index *ix)
 {
     uint64_t n = ix->count, b = 0;
-    b += n * ix->quant.code_size + n * sizeof(int64_t) + n;          /* codes, ids, levels */
-    b += n * (1 + ix->graph.m0) * sizeof(uint32_t);                  /* level 0 */
-    b += n * sizeof(uint32_t *) + n;                                 /* upper pointers, tombstones */
+    b += n * ix->quant.code_size + n * sizeof(int64_t) + n; /* codes, ids, levels */
+    b += n * (1 + ix->graph.m0) * sizeof(uint32_t);         /* level 0 */
+    b += n * sizeof(uint32_t *) + n;                        /* upper pointers, tombstones */
     for (uint64_t i = 0; i < n; i++)
         b += (uint64_t)ix->graph.levels[i] * (1 + ix->graph.m) * sizeof(uint32_t);
     b += kd_idmap_bytes(&ix->idmap);
-    if (ix->vectors) {   /* held in memory */
-        b += n * ix->record_bytes + n;                               /* vectors, build locks */
+    if (ix->vectors) {                 /* held in memory */
+        b += n * ix->record_bytes + n; /* vectors, build locks */
         if (ix->inv_norms)
             b += n * sizeof(float);
     }
@@ -509,10 +508,7 @@ void kd_index_stats(struct kd_index *ix, struct kd_stats *st, int reset)
                        : __atomic_load_n(&src[i], __ATOMIC_RELAXED);
 }
 
-uint32_t kd_index_dim(const struct kd_index *ix)
-{
-    return ix->p.dim;
-}
+uint32_t kd_index_dim(const struct kd_index *ix) { return ix->p.dim; }
 
 uint64_t kd_index_count(struct kd_index *ix)
 {

@@ -23,45 +23,45 @@ enum kd_quantization { KD_Q_1BIT = 1, KD_Q_4BIT = 4, KD_Q_8BIT = 8 };
 
 struct kd_index_params {
     uint32_t dim;
-    int metric;             /* enum kd_metric (metric.h) */
+    int metric; /* enum kd_metric (metric.h) */
     uint32_t m;
     uint32_t ef_construction;
-    int quantization;       /* enum kd_quantization */
+    int quantization; /* enum kd_quantization */
     uint64_t seed;
 };
 
 struct kd_open_params {
     int direct_io;
-    int io_backend;         /* enum kd_io_backend */
+    int io_backend; /* enum kd_io_backend */
     unsigned io_depth;
-    unsigned preload;       /* bit set of 1 << enum kd_section_id */
+    unsigned preload; /* bit set of 1 << enum kd_section_id */
 };
 
 struct kd_search_params {
     size_t k;
-    size_t ef;              /* 0: default */
-    double oversample;      /* <= 0: default */
+    size_t ef;         /* 0: default */
+    double oversample; /* <= 0: default */
     int rerank;
     int exact;
-    unsigned threads;       /* 0: all cores */
-    const int64_t *filter;  /* allowed ids, or NULL */
+    unsigned threads;      /* 0: all cores */
+    const int64_t *filter; /* allowed ids, or NULL */
     size_t nfilter;
 };
 
 struct kd_stats {
     uint64_t queries, read_ops, read_bytes, rerank_vectors;
     uint64_t io_wait_ns, graph_ns, rerank_ns, exact_queries;
-    uint64_t early_reads, early_unused;   /* read while the beam ran; of them, not shortlisted */
+    uint64_t early_reads, early_unused; /* read while the beam ran; of them, not shortlisted */
 };
 
 struct kd_info {
     struct kd_index_params params;
-    uint64_t count;         /* live vectors */
-    uint64_t slots;         /* stored vectors, removed ones included */
+    uint64_t count; /* live vectors */
+    uint64_t slots; /* stored vectors, removed ones included */
     int on_disk;
     int loaded_from_file;
     const char *path;
-    uint32_t record_size;   /* bytes per vector record in the file */
+    uint32_t record_size; /* bytes per vector record in the file */
     uint32_t code_size;
     uint64_t resident_bytes;
     struct kd_vecio_info io; /* valid when on_disk */

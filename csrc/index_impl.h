@@ -29,17 +29,17 @@ struct kd_search_ctx;
  * once, at create, load or open. */
 struct kd_vsource {
     const char *name;
-    int on_disk;                  /* vectors are read from the file, not held */
-    int read_only;                /* add and train are refused */
-    int batch_reads;              /* the shortlist is read into the context's buffer */
-    double scan_cost;             /* cost of an exact scan per row, memory = 1 */
+    int on_disk;      /* vectors are read from the file, not held */
+    int read_only;    /* add and train are refused */
+    int batch_reads;  /* the shortlist is read into the context's buffer */
+    double scan_cost; /* cost of an exact scan per row, memory = 1 */
     /* The final shortlist res[0..n): score it now (memory), or start the
      * batch read of its records that query_end reaps (disk). */
-    int (*shortlist)(struct kd_index *ix, struct kd_search_ctx *c,
-                     const struct kd_heap_item *res, size_t n, size_t k);
+    int (*shortlist)(struct kd_index *ix, struct kd_search_ctx *c, const struct kd_heap_item *res,
+                     size_t n, size_t k);
     /* Records of rows[0..n) to dst + i*stride; I/O is counted in io. */
-    int (*get_rows)(struct kd_index *ix, const uint64_t *rows, size_t n, void *dst,
-                    size_t stride, struct kd_io_counters *io);
+    int (*get_rows)(struct kd_index *ix, const uint64_t *rows, size_t n, void *dst, size_t stride,
+                    struct kd_io_counters *io);
     /* The vector section's content, record_stride bytes a record. */
     int (*save)(struct kd_index *ix, struct kd_container_writer *cw);
 };
@@ -57,11 +57,11 @@ struct kd_index {
     kd_estimate_fn estimate;
 
     uint64_t count, cap, live;
-    float *vectors;               /* in memory: count x dim */
-    float *inv_norms;             /* cosine, in memory */
+    float *vectors;   /* in memory: count x dim */
+    float *inv_norms; /* cosine, in memory */
     uint8_t *codes;
     int64_t *ids;
-    uint8_t *deleted;             /* one byte per slot, always heap-owned */
+    uint8_t *deleted; /* one byte per slot, always heap-owned */
     struct kd_graph graph;
     struct kd_idmap idmap;
 
@@ -70,13 +70,13 @@ struct kd_index {
     uint8_t *map;
     size_t map_len;
     struct kd_vecio *vio;
-    int read_early;               /* early reads pay off (io_uring) */
-    unsigned searching;           /* with read_early: queries between query_begin and query_end */
+    int read_early;     /* early reads pay off (io_uring) */
+    unsigned searching; /* with read_early: queries between query_begin and query_end */
 
     pthread_rwlock_t lock;
     pthread_mutex_t pool_lock;
     struct kd_search_ctx *pool;
-    struct kd_stats st;           /* updated atomically */
+    struct kd_stats st; /* updated atomically */
 };
 
 static inline float kd_inv_norm(const struct kd_index *ix, const float *v)
@@ -85,10 +85,7 @@ static inline float kd_inv_norm(const struct kd_index *ix, const float *v)
     return n > 0 ? 1.0f / sqrtf(n) : 0.0f;
 }
 
-static inline unsigned kd_resolve_threads(unsigned t)
-{
-    return t ? t : kd_cpu_count();
-}
+static inline unsigned kd_resolve_threads(unsigned t) { return t ? t : kd_cpu_count(); }
 
 /* index.c */
 /* A new empty index with checked parameters, its vectors in memory. */

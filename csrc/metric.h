@@ -15,12 +15,12 @@ enum kd_metric { KD_L2 = 0, KD_IP = 1, KD_COSINE = 2 };
 #define KD_NMETRICS 3
 
 struct kd_metric_info {
-    const char *name;           /* "l2", "ip", "cosine" */
-    int code;                   /* enum kd_metric */
-    int larger_is_better;       /* the user's value is a similarity */
-    int normalized;             /* vectors and queries are scaled to unit length */
-    float sign;                 /* user value = sign * internal value */
-    float missing;              /* the user's value of a result slot with no vector */
+    const char *name;     /* "l2", "ip", "cosine" */
+    int code;             /* enum kd_metric */
+    int larger_is_better; /* the user's value is a similarity */
+    int normalized;       /* vectors and queries are scaled to unit length */
+    float sign;           /* user value = sign * internal value */
+    float missing;        /* the user's value of a result slot with no vector */
 };
 
 extern const struct kd_metric_info kd_metrics[KD_NMETRICS];

@@ -86,10 +86,23 @@ int kd_index_save(struct kd_index *ix, struct kd_writer *w)
     pthread_rwlock_rdlock(&ix->lock);
     struct kd_container_writer cw;
     struct kd_meta meta = {
-        ix->p.dim, (uint32_t)ix->p.metric, (uint32_t)ix->p.quantization, ix->p.m,
-        ix->graph.m0, ix->p.ef_construction, ix->quant.pdim, ix->quant.code_size,
-        ix->record_stride, ix->record_bytes, ix->graph.entry, ix->graph.max_level,
-        ix->count, ix->live, ix->p.seed, ix->quant.ncentres, 0,
+        ix->p.dim,
+        (uint32_t)ix->p.metric,
+        (uint32_t)ix->p.quantization,
+        ix->p.m,
+        ix->graph.m0,
+        ix->p.ef_construction,
+        ix->quant.pdim,
+        ix->quant.code_size,
+        ix->record_stride,
+        ix->record_bytes,
+        ix->graph.entry,
+        ix->graph.max_level,
+        ix->count,
+        ix->live,
+        ix->p.seed,
+        ix->quant.ncentres,
+        0,
     };
     uint64_t n = ix->count;
     int err = kd_cw_begin(&cw, w);
@@ -184,9 +197,8 @@ static int check_meta(const struct kd_meta *m)
     if (m->dim == 0 || m->dim > (1u << 20) || !kd_metric((int)m->metric) ||
         !kd_valid_quantization(m->quantization) || m->m < 2 || m->m > 256 || m->m0 != 2 * m->m ||
         m->pdim != kd_quant_padded_dim(m->dim) ||
-        m->code_size != (m->quantization == KD_Q_1BIT
-                             ? m->pdim / 8 + sizeof(struct kd_code_tail)
-                             : (m->dim * m->quantization + 7) / 8) ||
+        m->code_size != (m->quantization == KD_Q_1BIT ? m->pdim / 8 + sizeof(struct kd_code_tail)
+                                                      : (m->dim * m->quantization + 7) / 8) ||
         m->record_bytes != m->dim * 4 || m->record_stride < m->record_bytes ||
         m->record_stride > m->record_bytes + (1u << 24) || m->count >= UINT32_MAX ||
         m->live > m->count || m->max_level < -1 || m->max_level > KD_MAX_LEVEL ||
@@ -233,8 +245,8 @@ static int map_ids(struct kd_index *ix, const int64_t *ids, uint64_t first, uint
             continue;
         if (++*live > ix->live || kd_idmap_put(&ix->idmap, ids[i], (uint32_t)(first + i)))
             return kd_fail(-KD_ECORRUPT, *live > ix->live
-                                        ? "index file is corrupted (live count)"
-                                        : "index file is corrupted (duplicate id)");
+                                             ? "index file is corrupted (live count)"
+                                             : "index file is corrupted (duplicate id)");
     }
     return 0;
 }
@@ -243,8 +255,8 @@ static int map_ids(struct kd_index *ix, const int64_t *ids, uint64_t first, uint
  * centres, rotation signs and scalar ranges that follow m in the file. */
 static int index_from_meta(struct kd_index **out, const struct kd_meta *m, const uint8_t *extra)
 {
-    struct kd_index_params params = {m->dim, (int)m->metric, m->m, m->ef_construction,
-                                      (int)m->quantization, m->seed};
+    struct kd_index_params params = {
+        m->dim, (int)m->metric, m->m, m->ef_construction, (int)m->quantization, m->seed};
     struct kd_index *ix = NULL;
     int err = kd_index_alloc(&ix, &params);
     if (err)
@@ -286,8 +298,14 @@ static int index_from_meta(struct kd_index **out, const struct kd_meta *m, const
 static uint64_t stream_end(const struct kd_meta *m, uint64_t upper_bytes, int nsec)
 {
     uint64_t n = m->count;
-    uint64_t len[8] = {sizeof *m + meta_extra_bytes(m), n * 8, n, n * m->code_size, n,
-                       n * (1 + (uint64_t)m->m0) * 4, upper_bytes, n * m->record_stride};
+    uint64_t len[8] = {sizeof *m + meta_extra_bytes(m),
+                       n * 8,
+                       n,
+                       n * m->code_size,
+                       n,
+                       n * (1 + (uint64_t)m->m0) * 4,
+                       upper_bytes,
+                       n * m->record_stride};
     uint64_t pos = KD_BLOCK;
     for (int i = 0; i < nsec; i++)
         pos = kd_round_up(pos + len[i], KD_BLOCK);
@@ -417,11 +435,11 @@ int kd_index_load_path(struct kd_index **out, const char *path)
 /* What the open-time scans of the metadata sections fill in. */
 struct open_scan {
     struct kd_index *ix;
-    const uint32_t *upper_base;   /* the mapped upper-level section */
+    const uint32_t *upper_base; /* the mapped upper-level section */
     uint64_t upper_words;
     uint64_t live;
     int32_t max_level;
-    uint32_t cap;                 /* neighbours per list of the section scanned */
+    uint32_t cap; /* neighbours per list of the section scanned */
 };
 
 static int scan_deleted(void *arg, const uint8_t *p, size_t n, uint64_t at)
@@ -481,8 +499,10 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
         goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
-        err = kd_fail(-EINVAL, "%s is not a regular file (a device, pipe or socket): open maps "
-                      "an index file; knndirect.load reads a stream", path);
+        err = kd_fail(-EINVAL,
+                      "%s is not a regular file (a device, pipe or socket): open maps "
+                      "an index file; knndirect.load reads a stream",
+                      path);
         goto fail;
     }
     if ((uint64_t)st.st_size < KD_BLOCK + KD_TAIL_BYTES) {
@@ -513,10 +533,10 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
     }
     const struct kd_section *meta = kd_container_find(&c, KD_SEC_META), *ids, *deleted, *codes,
                             *levels, *level0, *upperp, *vectors;
-#define NEED(var, id)                                                                   \
-    if (!(var = kd_container_find(&c, id))) {                                           \
-        err = kd_fail(-KD_ECORRUPT, "%s: index file lacks section %d", path, id);            \
-        goto fail;                                                                      \
+#define NEED(var, id)                                                                              \
+    if (!(var = kd_container_find(&c, id))) {                                                      \
+        err = kd_fail(-KD_ECORRUPT, "%s: index file lacks section %d", path, id);                  \
+        goto fail;                                                                                 \
     }
     NEED(ids, KD_SEC_IDS)
     NEED(deleted, KD_SEC_DELETED)
@@ -596,8 +616,13 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
         goto fail;
     }
     if (n) {
-        struct kd_vecio_config vc = {path, vectors->offset, n, ix->record_stride,
-                                     ix->record_bytes, op->io_backend, op->direct_io,
+        struct kd_vecio_config vc = {path,
+                                     vectors->offset,
+                                     n,
+                                     ix->record_stride,
+                                     ix->record_bytes,
+                                     op->io_backend,
+                                     op->direct_io,
                                      op->io_depth ? op->io_depth : 1};
         if ((err = kd_vecio_open(&ix->vio, &vc)))
             goto fail;
@@ -610,8 +635,7 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
         /* Vectors read with O_DIRECT never look at the page cache: only the
          * buffered backends gain from reading them ahead. */
         if ((op->preload >> KD_SEC_VECTORS & 1) && !vi.direct_io)
-            posix_fadvise(fd, (off_t)vectors->offset, (off_t)vectors->length,
-                          POSIX_FADV_WILLNEED);
+            posix_fadvise(fd, (off_t)vectors->offset, (off_t)vectors->length, POSIX_FADV_WILLNEED);
     }
     close(fd);
     *out = ix;

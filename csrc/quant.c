@@ -61,9 +61,8 @@ static int alloc_centres(struct kd_quant *q, uint32_t C)
     return 0;
 }
 
-int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t dim, int metric,
-                  uint32_t ncentres, const float *centres, const uint8_t *signs,
-                  uint64_t seed)
+int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t dim, int metric, uint32_t ncentres,
+                  const float *centres, const uint8_t *signs, uint64_t seed)
 {
     memset(q, 0, sizeof *q);
     if (bits != 1 && bits != 4 && bits != 8)
@@ -175,7 +174,7 @@ int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed, 
     for (uint32_t j = 0; j < C; j++)
         memcpy(q->centres + (size_t)j * d, x + (size_t)(splitmix64(&s) % n) * d, d * sizeof(float));
     for (int iter = 0; iter < 8; iter++) {
-        derive(q);   /* centres_sq for the assignment */
+        derive(q); /* centres_sq for the assignment */
         struct assign_job job = {q, x, sample, step, label, threads ? threads : 1, 0};
         kd_run_workers(assign_worker, &job, job.threads);
         memset(sum, 0, (size_t)C * d * sizeof(double));
@@ -241,8 +240,8 @@ void kd_quant_free(struct kd_quant *q)
     memset(q, 0, sizeof *q);
 }
 
-__attribute__((target_clones("avx2", "default")))
-static void flip(float *x, const uint8_t *signs, uint32_t n)
+__attribute__((target_clones("avx2", "default"))) static void flip(float *x, const uint8_t *signs,
+                                                                   uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)
         if (signs[i])
@@ -413,7 +412,8 @@ void kd_qcode_prepare(const struct kd_quant *q, const float *x, struct kd_qcode 
             uint64_t x;
             memcpy(&x, lv + w * 64 + g * 8, 8);
             for (int b = 0; b < KD_QUERY_BITS; b++) {
-                uint64_t packed = (((x >> b) & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56;
+                uint64_t packed = (((x >> b) & 0x0101010101010101ull) * 0x0102040810204080ull) >>
+                                  56;
                 qc->planes[(size_t)b * words + w] |= packed << (g * 8);
             }
         }
@@ -431,8 +431,8 @@ static void centre_terms(const struct kd_quant *q, const struct kd_qcode *qc, ui
 }
 
 /* The estimate from the weighted popcount s = sum_b 2^b |bits & plane_b|. */
-static inline float finish(const struct kd_quant *q, const struct kd_qcode *qc,
-                           const uint8_t *code, uint64_t s)
+static inline float finish(const struct kd_quant *q, const struct kd_qcode *qc, const uint8_t *code,
+                           uint64_t s)
 {
     struct kd_code_tail t;
     memcpy(&t, code + q->pdim / 8, sizeof t);
@@ -454,19 +454,19 @@ static inline uint64_t load_word(const uint8_t *code, uint32_t w)
     return v;
 }
 
-#define ESTIMATE_BODY(POPCOUNT)                                                     \
-    uint32_t words = q->pdim / 64;                                                  \
-    for (size_t i = 0; i < n; i++) {                                                \
-        const uint8_t *code = codes + (size_t)rows[i] * q->code_size;              \
-        uint64_t s = 0;                                                             \
-        for (int b = 0; b < KD_QUERY_BITS; b++) {                                   \
-            const uint64_t *p = qc->planes + (size_t)b * words;                     \
-            uint64_t c = 0;                                                         \
-            for (uint32_t w = 0; w < words; w++)                                    \
-                c += (uint64_t)POPCOUNT(load_word(code, w) & p[w]);                 \
-            s += c << b;                                                            \
-        }                                                                           \
-        out[i] = finish(q, qc, code, s);                                            \
+#define ESTIMATE_BODY(POPCOUNT)                                                                    \
+    uint32_t words = q->pdim / 64;                                                                 \
+    for (size_t i = 0; i < n; i++) {                                                               \
+        const uint8_t *code = codes + (size_t)rows[i] * q->code_size;                              \
+        uint64_t s = 0;                                                                            \
+        for (int b = 0; b < KD_QUERY_BITS; b++) {                                                  \
+            const uint64_t *p = qc->planes + (size_t)b * words;                                    \
+            uint64_t c = 0;                                                                        \
+            for (uint32_t w = 0; w < words; w++)                                                   \
+                c += (uint64_t)POPCOUNT(load_word(code, w) & p[w]);                                \
+            s += c << b;                                                                           \
+        }                                                                                          \
+        out[i] = finish(q, qc, code, s);                                                           \
     }
 
 static void estimate_scalar(const struct kd_quant *q, const struct kd_qcode *qc,
@@ -476,9 +476,9 @@ static void estimate_scalar(const struct kd_quant *q, const struct kd_qcode *qc,
 }
 
 #if defined(__x86_64__)
-__attribute__((target("popcnt")))
-static void estimate_popcnt(const struct kd_quant *q, const struct kd_qcode *qc,
-                            const uint8_t *codes, const uint32_t *rows, size_t n, float *out)
+__attribute__((target("popcnt"))) static void
+estimate_popcnt(const struct kd_quant *q, const struct kd_qcode *qc, const uint8_t *codes,
+                const uint32_t *rows, size_t n, float *out)
 {
     ESTIMATE_BODY(__builtin_popcountll)
 }
@@ -503,8 +503,8 @@ AVX2_POPCNT static void estimate_avx2(const struct kd_quant *q, const struct kd_
                                       float *out)
 {
     uint32_t words = q->pdim / 64;
-    const __m256i lut = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4,
-                                         0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4);
+    const __m256i lut = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2,
+                                         1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4);
     const __m256i low = _mm256_set1_epi8(0x0f);
     for (size_t i = 0; i < n; i++) {
         const uint8_t *code = codes + (size_t)rows[i] * q->code_size;
@@ -515,8 +515,8 @@ AVX2_POPCNT static void estimate_avx2(const struct kd_quant *q, const struct kd_
             __m256i c = load_chunk(code + (size_t)w * 8, half);
             __m256i sum = _mm256_setzero_si256();
             for (int b = KD_QUERY_BITS - 1; b >= 0; b--) {
-                __m256i t = _mm256_and_si256(c, load_chunk(qc->planes + (size_t)b * words + w,
-                                                           half));
+                __m256i t = _mm256_and_si256(c,
+                                             load_chunk(qc->planes + (size_t)b * words + w, half));
                 __m256i cnt = _mm256_add_epi8(
                     _mm256_shuffle_epi8(lut, _mm256_and_si256(t, low)),
                     _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(t, 4), low)));
@@ -529,60 +529,58 @@ AVX2_POPCNT static void estimate_avx2(const struct kd_quant *q, const struct kd_
         if (w < words)
             for (int b = 0; b < KD_QUERY_BITS; b++)
                 s += (uint64_t)__builtin_popcountll(load_word(code, w) &
-                                                    qc->planes[(size_t)b * words + w]) << b;
+                                                    qc->planes[(size_t)b * words + w])
+                     << b;
         out[i] = finish(q, qc, code, s);
     }
 }
 #endif
 
-#define SCALAR_BODY(LEVEL)                                                          \
-    uint32_t d = q->dim;                                                            \
-    const float *a = qc->sq, *b = qc->sq + d, *step = q->sq_step;                   \
-    for (size_t r = 0; r < n; r++) {                                                \
-        const uint8_t *code = codes + (size_t)rows[r] * q->code_size;              \
-        float s = 0;                                                                \
-        if (q->metric == KD_L2) {                                                   \
-            for (uint32_t i = 0; i < d; i++) {                                      \
-                float t = a[i] - step[i] * (float)(LEVEL);                          \
-                s += t * t;                                                         \
-            }                                                                       \
-            out[r] = s;                                                             \
-        } else {                                                                    \
-            for (uint32_t i = 0; i < d; i++)                                        \
-                s += b[i] * (float)(LEVEL);                                         \
-            out[r] = -(s + qc->sq_const);                                           \
-        }                                                                           \
+#define SCALAR_BODY(LEVEL)                                                                         \
+    uint32_t d = q->dim;                                                                           \
+    const float *a = qc->sq, *b = qc->sq + d, *step = q->sq_step;                                  \
+    for (size_t r = 0; r < n; r++) {                                                               \
+        const uint8_t *code = codes + (size_t)rows[r] * q->code_size;                              \
+        float s = 0;                                                                               \
+        if (q->metric == KD_L2) {                                                                  \
+            for (uint32_t i = 0; i < d; i++) {                                                     \
+                float t = a[i] - step[i] * (float)(LEVEL);                                         \
+                s += t * t;                                                                        \
+            }                                                                                      \
+            out[r] = s;                                                                            \
+        } else {                                                                                   \
+            for (uint32_t i = 0; i < d; i++)                                                       \
+                s += b[i] * (float)(LEVEL);                                                        \
+            out[r] = -(s + qc->sq_const);                                                          \
+        }                                                                                          \
     }
 
 #define LEVEL8 code[i]
 #define LEVEL4 ((code[i / 2] >> (4 * (i & 1))) & 15)
 
-static void estimate_sq8(const struct kd_quant *q, const struct kd_qcode *qc,
-                         const uint8_t *codes, const uint32_t *rows, size_t n, float *out)
+static void estimate_sq8(const struct kd_quant *q, const struct kd_qcode *qc, const uint8_t *codes,
+                         const uint32_t *rows, size_t n, float *out)
 {
     SCALAR_BODY(LEVEL8)
 }
 
-static void estimate_sq4(const struct kd_quant *q, const struct kd_qcode *qc,
-                         const uint8_t *codes, const uint32_t *rows, size_t n, float *out)
+static void estimate_sq4(const struct kd_quant *q, const struct kd_qcode *qc, const uint8_t *codes,
+                         const uint32_t *rows, size_t n, float *out)
 {
     SCALAR_BODY(LEVEL4)
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma")))
-static void estimate_sq8_avx2(const struct kd_quant *q, const struct kd_qcode *qc,
-                              const uint8_t *codes, const uint32_t *rows, size_t n, float *out)
+__attribute__((target("avx2,fma"))) static void
+estimate_sq8_avx2(const struct kd_quant *q, const struct kd_qcode *qc, const uint8_t *codes,
+                  const uint32_t *rows, size_t n, float *out)
 {
     SCALAR_BODY(LEVEL8)
 }
 
-__attribute__((target("avx2,fma")))
-static void estimate_sq4_avx2(const struct kd_quant *q, const struct kd_qcode *qc,
-                              const uint8_t *codes, const uint32_t *rows, size_t n, float *out)
-{
-    SCALAR_BODY(LEVEL4)
-}
+__attribute__((target("avx2,fma"))) static void
+estimate_sq4_avx2(const struct kd_quant *q, const struct kd_qcode *qc, const uint8_t *codes,
+                  const uint32_t *rows, size_t n, float *out){SCALAR_BODY(LEVEL4)}
 #endif
 
 kd_estimate_fn kd_estimator_named(const char *name)

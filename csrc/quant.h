@@ -29,12 +29,12 @@
 
 /* Trailer of every code, after pdim/8 bytes of sign bits. */
 struct kd_code_tail {
-    float scale;      /* |o-c|^2 / sum|P(o-c)| */
-    float norm_sq;    /* |o-c|^2 */
-    float dot_c;      /* <o-c, c> */
-    float shift;      /* <s, P(c-g)> */
-    uint16_t ones;    /* number of 1 bits */
-    uint16_t centre;  /* index of c */
+    float scale;     /* |o-c|^2 / sum|P(o-c)| */
+    float norm_sq;   /* |o-c|^2 */
+    float dot_c;     /* <o-c, c> */
+    float shift;     /* <s, P(c-g)> */
+    uint16_t ones;   /* number of 1 bits */
+    uint16_t centre; /* index of c */
 };
 
 /* Stored in the codes section of index files. */
@@ -44,37 +44,37 @@ _Static_assert(offsetof(struct kd_code_tail, ones) == 16, "code tails are stored
 #define KD_MAX_CENTRES 256
 
 struct kd_quant {
-    uint32_t bits;        /* 1, 4 or 8 */
-    uint32_t dim;         /* input dims */
-    uint32_t pdim;        /* padded dims, a multiple of 64 */
-    uint32_t code_size;   /* pdim/8 + sizeof(struct kd_code_tail) */
+    uint32_t bits;      /* 1, 4 or 8 */
+    uint32_t dim;       /* input dims */
+    uint32_t pdim;      /* padded dims, a multiple of 64 */
+    uint32_t code_size; /* pdim/8 + sizeof(struct kd_code_tail) */
     int metric;
     uint32_t ncentres;
-    float *centres;       /* ncentres x dim */
-    float *centres_sq;    /* |c|^2 */
-    float *mean;          /* g: mean of the centres, dim */
-    float *rot_centres;   /* P(c-g), ncentres x pdim */
-    uint8_t *signs;       /* KD_ROT_ROUNDS * 2 * pdim bytes, each 0 or 1 */
-    float *sq_lo;         /* scalar codes: value = lo + step * level, dim each */
+    float *centres;     /* ncentres x dim */
+    float *centres_sq;  /* |c|^2 */
+    float *mean;        /* g: mean of the centres, dim */
+    float *rot_centres; /* P(c-g), ncentres x pdim */
+    uint8_t *signs;     /* KD_ROT_ROUNDS * 2 * pdim bytes, each 0 or 1 */
+    float *sq_lo;       /* scalar codes: value = lo + step * level, dim each */
     float *sq_step;
 };
 
 /* Query prepared for estimates against codes. */
 struct kd_qcode {
-    uint64_t *planes;     /* KD_QUERY_BITS planes of pdim bits */
-    float lo, delta;      /* dequantized value = lo + delta * level */
-    float sum_q;          /* sum of dequantized rotated query */
+    uint64_t *planes; /* KD_QUERY_BITS planes of pdim bits */
+    float lo, delta;  /* dequantized value = lo + delta * level */
+    float sum_q;      /* sum of dequantized rotated query */
     /* Per-centre terms, computed the first time a code of that centre is
      * scored (a search touches few of the centres). */
     float *norm_sq;       /* |q-c|^2 per centre */
     float *dot_c;         /* <q, c> per centre */
     uint32_t *centre_gen; /* == gen when the centre's terms are current */
     uint32_t gen;
-    const float *x;       /* the query, valid while it is being searched */
-    float x_sq;           /* |q|^2 */
-    float *work;          /* pdim floats of scratch */
-    uint8_t *levels;      /* pdim quantized levels */
-    float *sq;            /* scalar codes: 2 * dim per-query factors */
+    const float *x;  /* the query, valid while it is being searched */
+    float x_sq;      /* |q|^2 */
+    float *work;     /* pdim floats of scratch */
+    uint8_t *levels; /* pdim quantized levels */
+    float *sq;       /* scalar codes: 2 * dim per-query factors */
     float sq_const;
 };
 
@@ -82,9 +82,8 @@ uint32_t kd_quant_padded_dim(uint32_t dim);
 
 /* Set up a quantizer; centres NULL means one zero centre, signs NULL draws
  * the rotation from seed. */
-int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t dim, int metric,
-                  uint32_t ncentres, const float *centres, const uint8_t *signs,
-                  uint64_t seed);
+int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t dim, int metric, uint32_t ncentres,
+                  const float *centres, const uint8_t *signs, uint64_t seed);
 /* Scalar-code ranges (dim floats each), when restoring a saved quantizer. */
 void kd_quant_set_ranges(struct kd_quant *q, const float *lo, const float *step);
 /* Fit the centres by k-means to x (n rows, already normalized for cosine). */
@@ -103,8 +102,7 @@ void kd_qcode_prepare(const struct kd_quant *q, const float *x, struct kd_qcode 
 /* Estimated distance (smaller is better: l2 -> squared distance, ip/cosine ->
  * minus the inner product) of each code rows[i] in codes. */
 typedef void (*kd_estimate_fn)(const struct kd_quant *q, const struct kd_qcode *qc,
-                               const uint8_t *codes, const uint32_t *rows, size_t n,
-                               float *out);
+                               const uint8_t *codes, const uint32_t *rows, size_t n, float *out);
 /* The estimator for q's code type, SIMD where the CPU has it. */
 kd_estimate_fn kd_estimator(const struct kd_quant *q);
 /* A named 1-bit variant, "scalar", "popcnt" or "avx2", or NULL where the

@@ -233,8 +233,8 @@ static const float *normalized_query(const struct kd_index *ix, const float *q, 
     return buf;
 }
 
-static void write_results(const struct kd_index *ix, const struct kd_heap_item *top,
-                          size_t ntop, size_t k, float *D, int64_t *I)
+static void write_results(const struct kd_index *ix, const struct kd_heap_item *top, size_t ntop,
+                          size_t k, float *D, int64_t *I)
 {
     const struct kd_metric_info *m = ix->metric;
     for (size_t i = 0; i < k; i++) {
@@ -250,8 +250,8 @@ static void write_results(const struct kd_index *ix, const struct kd_heap_item *
 
 static struct kd_exact_data exact_data(const struct kd_index *ix)
 {
-    struct kd_exact_data d = {ix->p.metric, ix->p.dim, ix->vectors,
-                              ix->vio, ix->record_stride, ix->deleted, ix->count, ix->kern};
+    struct kd_exact_data d = {ix->p.metric,      ix->p.dim,   ix->vectors, ix->vio,
+                              ix->record_stride, ix->deleted, ix->count,   ix->kern};
     return d;
 }
 
@@ -279,7 +279,7 @@ struct early_job {
     struct kd_search_ctx *c;
     const struct early_plan *plan;
     struct kd_search_early *hook;
-    size_t L, ef, most;   /* most: early reads the buffer has room for */
+    size_t L, ef, most; /* most: early reads the buffer has room for */
     int wave;
 };
 
@@ -303,7 +303,7 @@ static void select_closest(struct kd_heap_item *a, size_t n, size_t m)
     size_t lo = 0, hi = n;
     while (lo < m && m < hi && hi - lo > 1) {
         struct kd_heap_item pivot = a[lo + (hi - lo) / 2], t;
-        size_t lt = lo, i = lo, gt = hi;   /* [lo,lt) < pivot, [gt,hi) > pivot */
+        size_t lt = lo, i = lo, gt = hi; /* [lo,lt) < pivot, [gt,hi) > pivot */
         while (i < gt) {
             if (closer(&a[i], &pivot)) {
                 t = a[lt], a[lt++] = a[i], a[i++] = t;
@@ -351,9 +351,9 @@ static void start_early_reads(void *arg, const struct kd_heap_item *best, size_t
             c->rows64[at + fresh++] = c->pick[i].row;
         }
     /* On failure the final batch simply reads them. */
-    if (fresh && kd_vecio_submit(j->ix->vio, c->rows64 + at, fresh,
-                                 c->buf + at * j->ix->record_stride, j->ix->record_stride,
-                                 &c->early[w]) == 0) {
+    if (fresh &&
+        kd_vecio_submit(j->ix->vio, c->rows64 + at, fresh, c->buf + at * j->ix->record_stride,
+                        j->ix->record_stride, &c->early[w]) == 0) {
         memcpy(c->early_sorted + at, c->rows + at, fresh * sizeof *c->rows);
         c->nearly += fresh;
         qsort(c->early_sorted, c->nearly, sizeof *c->rows, by_u32);
@@ -364,10 +364,10 @@ static void start_early_reads(void *arg, const struct kd_heap_item *best, size_t
 
 /* The final shortlist res[0..n) of an index on disk: rows read early stay
  * at the front; the others follow them and go out as one batch. */
-int kd_shortlist_read(struct kd_index *ix, struct kd_search_ctx *c,
-                      const struct kd_heap_item *res, size_t n, size_t k)
+int kd_shortlist_read(struct kd_index *ix, struct kd_search_ctx *c, const struct kd_heap_item *res,
+                      size_t n, size_t k)
 {
-    (void)k;   /* scored by query_end */
+    (void)k; /* scored by query_end */
     size_t total = c->nearly, used = 0;
     for (size_t i = 0; i < n; i++) {
         if (read_early(c, res[i].row)) {
@@ -384,8 +384,7 @@ int kd_shortlist_read(struct kd_index *ix, struct kd_search_ctx *c,
     if (total == c->nearly)
         return 0;
     int err = kd_vecio_submit(ix->vio, c->rows64 + c->nearly, total - c->nearly,
-                              c->buf + c->nearly * ix->record_stride, ix->record_stride,
-                              &c->reads);
+                              c->buf + c->nearly * ix->record_stride, ix->record_stride, &c->reads);
     c->finished = err != 0;
     return err;
 }
@@ -409,7 +408,7 @@ int kd_query_begin(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
     size_t L = kd_shortlist_size(ix, sp), ef = sp->ef ? sp->ef : KD_DEFAULT_EF;
     if (ef < k)
         ef = k;
-    if (ef > ix->count && ix->count >= k)   /* a beam never holds more nodes than there are */
+    if (ef > ix->count && ix->count >= k) /* a beam never holds more nodes than there are */
         ef = (size_t)ix->count;
     uint64_t t0 = kd_now_ns();
     if ((err = kd_scratch_reserve(&c->s, ix->count, ef, ix->graph.m0)))
@@ -431,8 +430,8 @@ int kd_query_begin(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
     /* Searches hold the read lock, so live and count are stable here; with
      * nothing removed the tombstones need not be read per scored node. */
     struct kd_accept a = {ix->live < ix->count ? ix->deleted : NULL, f->allowed};
-    size_t nres = kd_graph_search(&ix->graph, &c->s, ef, L, estimate_rows, prefetch_codes, &e,
-                                  &a, &early);
+    size_t nres = kd_graph_search(&ix->graph, &c->s, ef, L, estimate_rows, prefetch_codes, &e, &a,
+                                  &early);
     float ratio = (float)early.expansions / (float)ef;
     c->expand_ratio = c->expand_ratio > 0 ? 0.9f * c->expand_ratio + 0.1f * ratio : ratio;
     const struct kd_heap_item *res = c->s.out;
@@ -579,11 +578,11 @@ static void *batch_worker(void *arg)
             err = kd_query_begin(ix, c[cur], b->q + i * ix->p.dim, b->sp, b->f);
         if (pending != SIZE_MAX) {
             int e = kd_query_end(ix, c[!cur], b->sp, b->D + pending * k, b->I + pending * k,
-                              err != 0);
+                                 err != 0);
             err = err ? err : e;
         }
         if (i == SIZE_MAX || err) {
-            if (i != SIZE_MAX)   /* reap what query_begin may have left in flight */
+            if (i != SIZE_MAX) /* reap what query_begin may have left in flight */
                 kd_query_end(ix, c[cur], b->sp, NULL, NULL, 1);
             break;
         }

@@ -18,43 +18,43 @@
 
 #include "index_impl.h"
 
-#define KD_EARLY_WAVES 3   /* see struct early_plan in search.c */
+#define KD_EARLY_WAVES 3 /* see struct early_plan in search.c */
 
 /* Per-thread search state. Between begin and end it holds one query: */
 struct kd_search_ctx {
     struct kd_search_ctx *next;
     struct kd_search_scratch s;
     struct kd_qcode qc;
-    float *qn;                    /* normalized query (cosine) */
-    uint8_t *buf;                 /* aligned records for reranking */
+    float *qn;    /* normalized query (cosine) */
+    uint8_t *buf; /* aligned records for reranking */
     size_t buf_rows;
-    uint32_t *rows;               /* the shortlist */
-    uint64_t *rows64;             /* the same, as record numbers to read */
+    uint32_t *rows;   /* the shortlist */
+    uint64_t *rows64; /* the same, as record numbers to read */
     size_t rows_cap;
-    struct kd_heap_item *top;     /* exact top-k */
+    struct kd_heap_item *top; /* exact top-k */
     size_t top_cap;
-    struct kd_stats st;           /* this thread's counters, folded in by the caller */
+    struct kd_stats st; /* this thread's counters, folded in by the caller */
     /* A query between its two phases. */
-    const float *q;               /* as searched (normalized for cosine) */
-    size_t nshort, ntop;          /* rows[0..nshort) and their records in buf; top[0..ntop) */
-    int finished;                 /* top-k is final, no reads outstanding */
+    const float *q;      /* as searched (normalized for cosine) */
+    size_t nshort, ntop; /* rows[0..nshort) and their records in buf; top[0..ntop) */
+    int finished;        /* top-k is final, no reads outstanding */
     struct kd_vecio_pending *reads;
-    uint64_t t_graph;             /* when the graph search ended */
+    uint64_t t_graph; /* when the graph search ended */
     /* Early reads: the likeliest part of the shortlist, read in waves while
      * the beam is still running. They are rows[0..nearly) and the first
      * slots of buf; early_sorted holds the same rows in order, for lookups. */
     struct kd_vecio_pending *early[KD_EARLY_WAVES];
     size_t nearly;
-    struct kd_heap_item *pick;    /* scratch for choosing them */
+    struct kd_heap_item *pick; /* scratch for choosing them */
     uint32_t *early_sorted;
     size_t pick_cap;
-    float expand_ratio;           /* level-0 expansions per ef, running mean; 0 unknown */
+    float expand_ratio; /* level-0 expansions per ef, running mean; 0 unknown */
 };
 
 /* The rows a filter allows: built once per call, shared by its queries. */
 struct kd_filter {
-    uint8_t *allowed;     /* per slot, NULL when no filter */
-    uint32_t *rows;       /* allowed live rows */
+    uint8_t *allowed; /* per slot, NULL when no filter */
+    uint32_t *rows;   /* allowed live rows */
     size_t nrows;
 };
 
@@ -89,7 +89,7 @@ size_t kd_shortlist_size(const struct kd_index *ix, const struct kd_search_param
 /* The two kd_vsource shortlist operations. */
 int kd_shortlist_score_memory(struct kd_index *ix, struct kd_search_ctx *c,
                               const struct kd_heap_item *res, size_t n, size_t k);
-int kd_shortlist_read(struct kd_index *ix, struct kd_search_ctx *c,
-                      const struct kd_heap_item *res, size_t n, size_t k);
+int kd_shortlist_read(struct kd_index *ix, struct kd_search_ctx *c, const struct kd_heap_item *res,
+                      size_t n, size_t k);
 
 #endif

@@ -19,7 +19,7 @@ static int fd_write(void *ctx, const void *buf, size_t n)
     const char *p = buf;
     while (n > 0) {
         ssize_t r = write(w->fd, p, n > MAX_SYSCALL_BYTES ? MAX_SYSCALL_BYTES : n);
-        if (r >= 0 && (r = (ssize_t)kd_fault(1, r)) < 0) {   /* tests only */
+        if (r >= 0 && (r = (ssize_t)kd_fault(1, r)) < 0) { /* tests only */
             errno = (int)-r;
             r = -1;
         }
@@ -159,8 +159,10 @@ int kd_path_writer_open(struct kd_writer *w, struct kd_path_writer *pw, const ch
         return kd_fail(-EISDIR, "cannot save to %s: it is a directory", path);
     /* Renaming over a device, pipe or socket would replace it with a file. */
     if (have_target && !S_ISREG(st.st_mode))
-        return kd_fail(-EINVAL, "cannot save to %s: it is not a regular file (a device, pipe "
-                       "or socket); write to it through a file object instead", path);
+        return kd_fail(-EINVAL,
+                       "cannot save to %s: it is not a regular file (a device, pipe "
+                       "or socket); write to it through a file object instead",
+                       path);
     size_t len = strlen(path) + 64;
     pw->path = strdup(path);
     pw->tmp = malloc(len);

@@ -32,7 +32,7 @@ static inline int kd_writer_close(struct kd_writer *w, int commit)
 /* Writer over an open file descriptor (not closed by the writer). */
 struct kd_fd_writer {
     int fd;
-    const char *path;   /* for error messages */
+    const char *path; /* for error messages */
 };
 void kd_fd_writer_init(struct kd_writer *w, struct kd_fd_writer *ctx, int fd, const char *path);
 
@@ -68,10 +68,10 @@ struct kd_reader {
     /* Read up to n (> 0) bytes into buf: the count read (> 0), 0 at the end
      * of the stream, or a negative errno. */
     int64_t (*read)(void *ctx, void *buf, size_t n);
-    void (*close)(void *ctx);   /* may be NULL */
+    void (*close)(void *ctx); /* may be NULL */
     void *ctx;
-    uint64_t size;   /* bytes left in the source when known, else KD_SIZE_UNKNOWN */
-    int whole;       /* the source ends where the index ends (no trailing data) */
+    uint64_t size; /* bytes left in the source when known, else KD_SIZE_UNKNOWN */
+    int whole;     /* the source ends where the index ends (no trailing data) */
 };
 
 static inline void kd_reader_close(struct kd_reader *r)

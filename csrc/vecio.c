@@ -64,7 +64,11 @@ struct kd_statx {
     uint32_t nlink, uid, gid;
     uint16_t mode, pad1;
     uint64_t ino, size, blocks, attributes_mask;
-    struct { int64_t sec; uint32_t nsec; int32_t pad; } atime, btime, ctime, mtime;
+    struct {
+        int64_t sec;
+        uint32_t nsec;
+        int32_t pad;
+    } atime, btime, ctime, mtime;
     uint32_t rdev_major, rdev_minor, dev_major, dev_minor;
     uint64_t mnt_id;
     uint32_t dio_mem_align, dio_offset_align;
@@ -77,7 +81,7 @@ static uint32_t sysfs_block_size(unsigned maj, unsigned min)
 {
     static const char *fmts[] = {
         "/sys/dev/block/%u:%u/queue/logical_block_size",
-        "/sys/dev/block/%u:%u/../queue/logical_block_size",  /* partition */
+        "/sys/dev/block/%u:%u/../queue/logical_block_size", /* partition */
     };
     for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
         char p[128];
@@ -128,8 +132,7 @@ static int probe_file(struct kd_vecio *v)
         uint64_t sz = 0;
         if (ioctl(v->fd, BLKGETSIZE64, &sz) != 0) {
             int e = errno;
-            return kd_fail(-e, "cannot get the size of block device %s: %s", v->path,
-                           kd_errstr(e));
+            return kd_fail(-e, "cannot get the size of block device %s: %s", v->path, kd_errstr(e));
         }
         v->file_size = sz;
     }
@@ -172,10 +175,11 @@ static int probe_file(struct kd_vecio *v)
 
 int kd_req_eof(const struct kd_vecio *v, const struct kd_req *r)
 {
-    return kd_fail(-EIO, "unexpected end of file reading record %llu at offset %llu of %s "
+    return kd_fail(-EIO,
+                   "unexpected end of file reading record %llu at offset %llu of %s "
                    "(got %u of %u bytes; did the file shrink?)",
-                   (unsigned long long)r->row, (unsigned long long)r->off, v->path,
-                   r->done, r->need);
+                   (unsigned long long)r->row, (unsigned long long)r->off, v->path, r->done,
+                   r->need);
 }
 
 int kd_req_error(const struct kd_vecio *v, const struct kd_req *r, int err)
@@ -196,7 +200,7 @@ int kd_req_pread(const struct kd_vecio *v, struct kd_req *r, struct kd_io_counte
                 continue;
             return kd_req_error(v, r, -errno);
         }
-        if ((got = (ssize_t)kd_fault(0, got)) < 0)   /* tests only */
+        if ((got = (ssize_t)kd_fault(0, got)) < 0) /* tests only */
             return kd_req_error(v, r, (int)got);
         int rc = req_advance(v, r, (uint32_t)got);
         if (rc < 0)
@@ -241,7 +245,9 @@ int kd_read_range_pread(struct kd_vecio *v, uint64_t first, uint64_t n, char *ds
                                                kd_round_up(need_total, a));
         while (pos < direct_len) {
             struct kd_req r = {
-                .row = first + pos / v->stride, .buf = dst + pos, .off = abs + pos,
+                .row = first + pos / v->stride,
+                .buf = dst + pos,
+                .off = abs + pos,
                 .len = (uint32_t)min_u64(chunk, direct_len - pos),
             };
             r.need = (uint32_t)min_u64(r.len, need_total - pos);
@@ -256,16 +262,19 @@ int kd_read_range_pread(struct kd_vecio *v, uint64_t first, uint64_t n, char *ds
         size_t bsize = (size_t)kd_round_up(piece, a) + 2 * a;
         bounce = kd_alloc_aligned(v->buf_align, bsize);
         if (!bounce) {
-            rc = kd_fail(-ENOMEM, "out of memory for a %zu-byte bounce buffer reading %s",
-                         bsize, v->path);
+            rc = kd_fail(-ENOMEM, "out of memory for a %zu-byte bounce buffer reading %s", bsize,
+                         v->path);
             goto out;
         }
         while (pos < need_total) {
             uint64_t p = abs + pos, len = min_u64(piece, need_total - pos);
             uint64_t start = round_down(p, a), end = kd_round_up(p + len, a);
             struct kd_req r = {
-                .row = first + pos / v->stride, .buf = bounce, .off = start,
-                .len = (uint32_t)(end - start), .need = (uint32_t)(p - start + len),
+                .row = first + pos / v->stride,
+                .buf = bounce,
+                .off = start,
+                .len = (uint32_t)(end - start),
+                .need = (uint32_t)(p - start + len),
             };
             if ((rc = kd_req_pread(v, &r, c)) < 0)
                 goto out;
@@ -299,7 +308,7 @@ int kd_caller_new(struct kd_vecio *v, struct kd_caller_ctx **out)
     if (v->ops->ctx_init) {
         int rc = v->ops->ctx_init(v, x);
         if (rc < 0) {
-            free(x);   /* ctx_init cleans up after itself */
+            free(x); /* ctx_init cleans up after itself */
             return rc;
         }
     }
@@ -337,8 +346,8 @@ static int caller_bounce(const struct kd_vecio *v, struct kd_caller_ctx *x, size
     x->bounce_size = 0;
     x->bounce = kd_alloc_aligned(v->buf_align, size);
     if (!x->bounce)
-        return kd_fail(-ENOMEM, "out of memory for a %zu-byte bounce buffer reading %s",
-                       size, v->path);
+        return kd_fail(-ENOMEM, "out of memory for a %zu-byte bounce buffer reading %s", size,
+                       v->path);
     x->bounce_size = size;
     return 0;
 }
@@ -354,8 +363,8 @@ static int validate_config(const struct kd_vecio_config *cfg)
     if (cfg->record_bytes == 0)
         return kd_fail(-EINVAL, "record_bytes must be > 0 for %s", path);
     if (cfg->stride < cfg->record_bytes)
-        return kd_fail(-EINVAL, "stride %u is smaller than record_bytes %u for %s",
-                       cfg->stride, cfg->record_bytes, path);
+        return kd_fail(-EINVAL, "stride %u is smaller than record_bytes %u for %s", cfg->stride,
+                       cfg->record_bytes, path);
     if (cfg->offset % 4096)
         return kd_fail(-EINVAL, "section offset %llu of %s is not a multiple of 4096",
                        (unsigned long long)cfg->offset, path);
@@ -401,7 +410,7 @@ static int open_file(struct kd_vecio *v, int want_direct)
     }
     if (want_direct) {
         v->fallbacks |= KD_FALLBACK_NO_DIRECT;
-        posix_fadvise(v->fd, 0, 0, POSIX_FADV_RANDOM);   /* best effort */
+        posix_fadvise(v->fd, 0, 0, POSIX_FADV_RANDOM); /* best effort */
     }
     return 0;
 }
@@ -451,8 +460,10 @@ static int select_backend(struct kd_vecio *v, int asked)
             v->ops->close(v);
         }
         if (asked == KD_IO_URING)
-            return kd_fail(err, "io_uring backend requested for %s but io_uring is "
-                           "unavailable: %s", v->path, why);
+            return kd_fail(err,
+                           "io_uring backend requested for %s but io_uring is "
+                           "unavailable: %s",
+                           v->path, why);
         asked = KD_IO_THREADS;
         v->fallbacks |= KD_FALLBACK_NO_URING;
     }
@@ -519,9 +530,10 @@ int kd_vecio_open(struct kd_vecio **out, const struct kd_vecio_config *cfg)
     if (v->count > 0)
         need += (v->count - 1) * v->stride + v->record_bytes;
     if (v->file_size < need) {
-        rc = kd_fail(-EINVAL, "%s holds %llu bytes but the section needs %llu "
-                     "(offset %llu + %llu records of stride %u)", v->path,
-                     (unsigned long long)v->file_size, (unsigned long long)need,
+        rc = kd_fail(-EINVAL,
+                     "%s holds %llu bytes but the section needs %llu "
+                     "(offset %llu + %llu records of stride %u)",
+                     v->path, (unsigned long long)v->file_size, (unsigned long long)need,
                      (unsigned long long)v->offset, (unsigned long long)v->count, v->stride);
         goto fail;
     }
@@ -537,14 +549,13 @@ int kd_vecio_open(struct kd_vecio **out, const struct kd_vecio_config *cfg)
     *out = v;
     return 0;
 
-fail:
-    {
-        /* close may not clobber the message of the failure being reported */
-        char msg[KD_ERRMSG_LEN];
-        snprintf(msg, sizeof msg, "%s", kd_last_error());
-        kd_vecio_close(v);
-        kd_set_error_text(msg);
-    }
+fail : {
+    /* close may not clobber the message of the failure being reported */
+    char msg[KD_ERRMSG_LEN];
+    snprintf(msg, sizeof msg, "%s", kd_last_error());
+    kd_vecio_close(v);
+    kd_set_error_text(msg);
+}
     return rc;
 }
 
@@ -575,27 +586,27 @@ void kd_vecio_get_info(const struct kd_vecio *v, struct kd_vecio_info *info)
     info->fallbacks = v->fallbacks;
 }
 
-uint32_t kd_vecio_buffer_alignment(const struct kd_vecio *v)
-{
-    return v->buf_align;
-}
+uint32_t kd_vecio_buffer_alignment(const struct kd_vecio *v) { return v->buf_align; }
 
 const char *kd_io_backend_name(int backend)
 {
     switch (backend) {
-    case KD_IO_AUTO: return "auto";
-    case KD_IO_URING: return "io_uring";
-    case KD_IO_THREADS: return "threads";
-    case KD_IO_PREAD: return "pread";
-    case KD_IO_MMAP: return "mmap";
-    default: return "unknown";
+    case KD_IO_AUTO:
+        return "auto";
+    case KD_IO_URING:
+        return "io_uring";
+    case KD_IO_THREADS:
+        return "threads";
+    case KD_IO_PREAD:
+        return "pread";
+    case KD_IO_MMAP:
+        return "mmap";
+    default:
+        return "unknown";
     }
 }
 
-int kd_vecio_have_uring(void)
-{
-    return backends[KD_IO_URING] != NULL;
-}
+int kd_vecio_have_uring(void) { return backends[KD_IO_URING] != NULL; }
 
 /* ------------------------------------------------------------------ */
 /* Reads                                                               */
@@ -623,8 +634,7 @@ int kd_vecio_submit(struct kd_vecio *v, const uint64_t *rows, size_t n, void *ds
         if (rows[i] >= v->count)
             return kd_fail(-EINVAL,
                            "row %llu (batch position %zu) is out of range: %s holds %llu records",
-                           (unsigned long long)rows[i], i, v->path,
-                           (unsigned long long)v->count);
+                           (unsigned long long)rows[i], i, v->path, (unsigned long long)v->count);
     const struct kd_vecio_ops *ops = v->ops;
     struct kd_vecio_pending *p = calloc(1, sizeof *p + ops->pending_size);
     if (!p)
@@ -637,7 +647,7 @@ int kd_vecio_submit(struct kd_vecio *v, const uint64_t *rows, size_t n, void *ds
     *out = p;
     if (n == 0)
         return 0;
-    uint64_t t0 = kd_now_ns();   /* synchronous backends wait here, not in complete */
+    uint64_t t0 = kd_now_ns(); /* synchronous backends wait here, not in complete */
     p->zc = v->direct && zero_copy_ok(v, dst, dst_stride);
     int rc = 0;
     if (ops->ctx_size || (!p->zc && v->direct)) {
@@ -682,11 +692,11 @@ int kd_vecio_complete(struct kd_vecio_pending *p, struct kd_io_counters *c)
     return rc;
 }
 
-int kd_vecio_read(struct kd_vecio *v, const uint64_t *rows, size_t n,
-                  void *dst, size_t dst_stride, struct kd_io_counters *c)
+int kd_vecio_read(struct kd_vecio *v, const uint64_t *rows, size_t n, void *dst, size_t dst_stride,
+                  struct kd_io_counters *c)
 {
     uint64_t t0 = kd_now_ns();
-    struct kd_io_counters local = { 0, 0, 0 };
+    struct kd_io_counters local = {0, 0, 0};
     struct kd_vecio_pending *p;
     int rc = kd_vecio_submit(v, rows, n, dst, dst_stride, &p);
     if (rc == 0)
@@ -697,10 +707,10 @@ int kd_vecio_read(struct kd_vecio *v, const uint64_t *rows, size_t n,
     return rc;
 }
 
-int kd_vecio_read_range(struct kd_vecio *v, uint64_t first, uint64_t n,
-                        void *dst, struct kd_io_counters *c)
+int kd_vecio_read_range(struct kd_vecio *v, uint64_t first, uint64_t n, void *dst,
+                        struct kd_io_counters *c)
 {
-    struct kd_io_counters local = { 0, 0, 0 };
+    struct kd_io_counters local = {0, 0, 0};
     uint64_t t0 = kd_now_ns();
     int rc = 0;
 

@@ -28,7 +28,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define KD_RANGE_CHUNK (8u << 20)   /* read_range issues reads of at most this */
+#define KD_RANGE_CHUNK (8u << 20) /* read_range issues reads of at most this */
 #define KD_MAX_THREADS 64
 #define KD_MAX_RING 4096
 #define KD_MIN_BUF_ALIGN 64
@@ -41,13 +41,13 @@
 
 /* One read of one record (or one chunk of a range). */
 struct kd_req {
-    uint64_t row;       /* record number, for error messages */
-    char *buf;          /* where the file range lands */
-    uint64_t off;       /* file offset of buf[0] */
-    uint32_t len;       /* bytes requested */
-    uint32_t need;      /* leading bytes that must arrive; the rest may be past EOF */
-    uint32_t done;      /* bytes already read */
-    char *copy_to;      /* non-NULL: copy the record from buf + skip to here */
+    uint64_t row;  /* record number, for error messages */
+    char *buf;     /* where the file range lands */
+    uint64_t off;  /* file offset of buf[0] */
+    uint32_t len;  /* bytes requested */
+    uint32_t need; /* leading bytes that must arrive; the rest may be past EOF */
+    uint32_t done; /* bytes already read */
+    char *copy_to; /* non-NULL: copy the record from buf + skip to here */
     uint32_t skip;
 };
 
@@ -63,43 +63,43 @@ struct kd_caller_ctx {
 struct kd_vecio_ops;
 
 struct kd_vecio {
-    const struct kd_vecio_ops *ops;   /* chosen once, after the fallbacks */
+    const struct kd_vecio_ops *ops; /* chosen once, after the fallbacks */
     char *path;
     int fd;
     uint64_t offset, count, file_size;
     uint32_t stride, record_bytes;
     int backend;
     int direct;
-    uint32_t alignment;     /* probed direct-I/O alignment, reported in info */
-    uint32_t read_align;    /* alignment reads must respect: alignment, or 1 if buffered */
-    uint32_t buf_align;     /* alignment of buffers we allocate / want from callers */
-    size_t slot_bytes;      /* bounce bytes per in-flight read: max_span, buf_align-rounded */
-    size_t bounce_bytes;    /* bounce a batch needs per caller (set by ops->open) */
+    uint32_t alignment;  /* probed direct-I/O alignment, reported in info */
+    uint32_t read_align; /* alignment reads must respect: alignment, or 1 if buffered */
+    uint32_t buf_align;  /* alignment of buffers we allocate / want from callers */
+    size_t slot_bytes;   /* bounce bytes per in-flight read: max_span, buf_align-rounded */
+    size_t bounce_bytes; /* bounce a batch needs per caller (set by ops->open) */
     unsigned fallbacks;
     unsigned io_depth;
-    unsigned ring_entries;  /* io_uring: power of two >= in-flight bound */
-    unsigned inflight;      /* bound on reads in flight per call */
-    size_t max_span;        /* largest aligned span covering one record */
+    unsigned ring_entries; /* io_uring: power of two >= in-flight bound */
+    unsigned inflight;     /* bound on reads in flight per call */
+    size_t max_span;       /* largest aligned span covering one record */
 
     pthread_mutex_t ctx_mu;
     int ctx_mu_ok;
     struct kd_caller_ctx *free_ctx;
 
-    void *be;               /* the backend's own state (thread pool, mapping) */
+    void *be; /* the backend's own state (thread pool, mapping) */
 };
 
 /* A batch of record reads between kd_vecio_submit and kd_vecio_complete,
  * followed by ops->pending_size bytes for the backend. */
 struct kd_vecio_pending {
     struct kd_vecio *v;
-    struct kd_caller_ctx *x;   /* NULL for backends without ops->ctx_size */
+    struct kd_caller_ctx *x; /* NULL for backends without ops->ctx_size */
     const uint64_t *rows;
     size_t n;
     char *dst;
     size_t dst_stride;
-    int zc;                    /* records go straight into dst */
-    int err;                   /* first error, reported by complete */
-    int broken;                /* x can no longer be trusted: destroy it */
+    int zc;     /* records go straight into dst */
+    int err;    /* first error, reported by complete */
+    int broken; /* x can no longer be trusted: destroy it */
     struct kd_io_counters c;
     max_align_t be[];
 };
@@ -107,9 +107,9 @@ struct kd_vecio_pending {
 /* A stream's chunk buffer. */
 struct kd_stream_buf {
     char *data;
-    uint64_t first, rows;    /* the chunk it holds; rows == 0: none */
-    unsigned pending;        /* io_uring pieces still in flight */
-    int ready, err;          /* reader thread: chunk complete / its error */
+    uint64_t first, rows; /* the chunk it holds; rows == 0: none */
+    unsigned pending;     /* io_uring pieces still in flight */
+    int ready, err;       /* reader thread: chunk complete / its error */
 };
 
 struct kd_stream_ops;
@@ -117,16 +117,16 @@ struct kd_stream_ops;
 struct kd_vecio_stream {
     struct kd_vecio *v;
     const struct kd_stream_ops *ops;
-    uint64_t end, next_issue;   /* records [next_issue, end) are not yet requested */
+    uint64_t end, next_issue; /* records [next_issue, end) are not yet requested */
     uint64_t chunk_rows;
-    unsigned head;              /* buffer holding the next chunk, in order */
-    int handed;                 /* the buffer before head is with the consumer */
+    unsigned head; /* buffer holding the next chunk, in order */
+    int handed;    /* the buffer before head is with the consumer */
     struct kd_stream_buf buf[KD_STREAM_BUFS];
-    struct kd_io_counters c;    /* reads and bytes, counted as they are issued */
+    struct kd_io_counters c;       /* reads and bytes, counted as they are issued */
     uint64_t told_ops, told_bytes; /* already added to a caller's counters */
     char errmsg[KD_ERRMSG_LEN];
-    void *be;                   /* io_uring: the stream's ring */
-    pthread_t thread;           /* reader thread streams */
+    void *be;         /* io_uring: the stream's ring */
+    pthread_t thread; /* reader thread streams */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop, reader_done;
@@ -137,14 +137,14 @@ struct kd_stream_ops {
     /* Give buffer prev back for reading when s->handed, then wait for buffer
      * i: 1 when it holds a chunk, 0 at the end, or a negative errno. */
     int (*wait)(struct kd_vecio_stream *s, unsigned i, unsigned prev);
-    void (*stop)(struct kd_vecio_stream *s);   /* before the buffers go */
+    void (*stop)(struct kd_vecio_stream *s); /* before the buffers go */
 };
 
 /* What differs between backends. Batch calls go through the table; the
  * per-record loops stay inside each backend. */
 struct kd_vecio_ops {
-    size_t ctx_size;        /* per-caller bytes; 0: batches take no caller context */
-    size_t pending_size;    /* per-batch bytes after struct kd_vecio_pending */
+    size_t ctx_size;     /* per-caller bytes; 0: batches take no caller context */
+    size_t pending_size; /* per-batch bytes after struct kd_vecio_pending */
     /* After the fallbacks are decided: start what the handle needs and set
      * v->bounce_bytes. Optional; close must undo a partial open. */
     int (*open)(struct kd_vecio *v);
@@ -196,8 +196,8 @@ static inline uint64_t chunk_need(const struct kd_vecio *v, uint64_t rows)
 /* Set up the read of record `row` whose slot in the destination is `slot`.
  * zc: read straight into the slot; else direct mode reads the aligned span
  * into `bounce`, buffered mode reads the record into the slot. */
-static inline void req_init(const struct kd_vecio *v, struct kd_req *r, uint64_t row,
-                            char *slot, size_t dst_stride, int zc, char *bounce)
+static inline void req_init(const struct kd_vecio *v, struct kd_req *r, uint64_t row, char *slot,
+                            size_t dst_stride, int zc, char *bounce)
 {
     uint64_t abs = v->offset + row * v->stride;
     r->row = row;
@@ -214,9 +214,8 @@ static inline void req_init(const struct kd_vecio *v, struct kd_req *r, uint64_t
         /* The whole stride when the slot holds it (one aligned unit per
          * record); else the aligned cover of the payload, which fits the
          * slot because dst_stride is an aligned size >= record_bytes. */
-        r->len = dst_stride >= v->stride
-                     ? v->stride
-                     : (uint32_t)kd_round_up(v->record_bytes, v->read_align);
+        r->len = dst_stride >= v->stride ? v->stride
+                                         : (uint32_t)kd_round_up(v->record_bytes, v->read_align);
         r->need = v->record_bytes;
     } else {
         uint64_t start = round_down(abs, v->read_align);
@@ -268,13 +267,13 @@ static inline void req_finish(const struct kd_vecio *v, const struct kd_req *r)
 }
 
 /* vecio.c: helpers the backends share. */
-const char *kd_errstr(int err);   /* strerror, safe with many reading threads */
+const char *kd_errstr(int err); /* strerror, safe with many reading threads */
 int kd_env_disabled(const char *name);
 int kd_req_pread(const struct kd_vecio *v, struct kd_req *r, struct kd_io_counters *c);
 int kd_read_rows_sync(const struct kd_vecio *v, const uint64_t *rows, size_t n, char *dst,
-                   size_t dst_stride, int zc, char *bounce, struct kd_io_counters *c);
+                      size_t dst_stride, int zc, char *bounce, struct kd_io_counters *c);
 int kd_read_range_pread(struct kd_vecio *v, uint64_t first, uint64_t n, char *dst,
-                     struct kd_io_counters *c);
+                        struct kd_io_counters *c);
 int kd_caller_new(struct kd_vecio *v, struct kd_caller_ctx **out);
 void kd_caller_put(struct kd_vecio *v, struct kd_caller_ctx *x);
 void kd_caller_destroy(struct kd_vecio *v, struct kd_caller_ctx *x);
@@ -284,11 +283,11 @@ int kd_stream_reader_start(struct kd_vecio_stream *s);
 void kd_stream_assign(struct kd_vecio_stream *s, struct kd_stream_buf *b);
 
 /* The backends. */
-extern const struct kd_vecio_ops kd_threads_ops;   /* vecio_threads.c */
-extern const struct kd_vecio_ops kd_pread_ops;     /* vecio_sync.c */
-extern const struct kd_vecio_ops kd_mmap_ops;      /* vecio_sync.c */
+extern const struct kd_vecio_ops kd_threads_ops; /* vecio_threads.c */
+extern const struct kd_vecio_ops kd_pread_ops;   /* vecio_sync.c */
+extern const struct kd_vecio_ops kd_mmap_ops;    /* vecio_sync.c */
 #ifdef KD_HAVE_LIBURING
-extern const struct kd_vecio_ops kd_uring_ops;     /* vecio_uring.c */
+extern const struct kd_vecio_ops kd_uring_ops; /* vecio_uring.c */
 #endif
 
 #endif

@@ -29,7 +29,7 @@ static void *stream_reader(void *arg)
     for (unsigned i = 0;; i = (i + 1) % KD_STREAM_BUFS) {
         struct kd_stream_buf *b = &s->buf[i];
         pthread_mutex_lock(&s->mu);
-        while (!s->stop && b->ready)     /* still with the consumer or unread */
+        while (!s->stop && b->ready) /* still with the consumer or unread */
             pthread_cond_wait(&s->cv, &s->mu);
         if (s->stop || s->next_issue >= s->end) {
             s->reader_done = 1;
@@ -39,7 +39,7 @@ static void *stream_reader(void *arg)
         }
         kd_stream_assign(s, b);
         pthread_mutex_unlock(&s->mu);
-        struct kd_io_counters c = { 0, 0, 0 };
+        struct kd_io_counters c = {0, 0, 0};
         int err = kd_vecio_read_range(s->v, b->first, b->rows, b->data, &c);
         pthread_mutex_lock(&s->mu);
         s->c.read_ops += c.read_ops;
@@ -62,7 +62,7 @@ static int reader_wait(struct kd_vecio_stream *s, unsigned i, unsigned prev)
     struct kd_stream_buf *b = &s->buf[i];
     pthread_mutex_lock(&s->mu);
     if (s->handed) {
-        s->buf[prev].ready = 0;   /* back to the reader */
+        s->buf[prev].ready = 0; /* back to the reader */
         pthread_cond_broadcast(&s->cv);
     }
     s->handed = 0;
@@ -150,7 +150,7 @@ int64_t kd_vecio_stream_next(struct kd_vecio_stream *s, const void **buf, uint64
     int64_t rc = 0;
     unsigned i = s->head, prev = (i + KD_STREAM_BUFS - 1) % KD_STREAM_BUFS;
     struct kd_stream_buf *b = &s->buf[i];
-    if (!s->ops)   /* an empty range */
+    if (!s->ops) /* an empty range */
         goto out;
     int st = s->ops->wait(s, i, prev);
     if (st <= 0) {

@@ -29,7 +29,7 @@ const struct kd_vecio_ops kd_pread_ops = {
 struct kd_map {
     char *base;
     size_t len;
-    uint64_t off;   /* file offset of base[0] */
+    uint64_t off; /* file offset of base[0] */
 };
 
 /* The record at file offset abs. */
@@ -58,12 +58,11 @@ static int map_open(struct kd_vecio *v)
     if (base == MAP_FAILED) {
         int e = errno;
         free(m);
-        return kd_fail(-e, "cannot mmap %zu bytes of %s: %s", (size_t)len, v->path,
-                       kd_errstr(e));
+        return kd_fail(-e, "cannot mmap %zu bytes of %s: %s", (size_t)len, v->path, kd_errstr(e));
     }
     m->base = base;
     m->len = (size_t)len;
-    madvise(m->base, m->len, MADV_RANDOM);   /* best effort: no read-around */
+    madvise(m->base, m->len, MADV_RANDOM); /* best effort: no read-around */
     v->be = m;
     return 0;
 }

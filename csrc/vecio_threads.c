@@ -26,9 +26,9 @@ struct kd_batch {
 struct kd_pool {
     pthread_mutex_t mu;
     pthread_cond_t work_cv;
-    struct kd_batch *head;   /* batches with unclaimed chunks */
+    struct kd_batch *head; /* batches with unclaimed chunks */
     int stop;
-    int ok;                  /* mu and work_cv exist */
+    int ok; /* mu and work_cv exist */
     unsigned nthreads;
     pthread_t *threads;
 };
@@ -49,7 +49,7 @@ static int batch_claim(struct kd_pool *p, struct kd_batch *b, size_t *chunk, int
     if (b->next >= b->nchunks)
         return 0;
     *chunk = b->next++;
-    *skip = b->err != 0;   /* after a failure, finish the remaining chunks unread */
+    *skip = b->err != 0; /* after a failure, finish the remaining chunks unread */
     if (b->next == b->nchunks)
         batch_unlink(p, b);
     return 1;
@@ -58,7 +58,7 @@ static int batch_claim(struct kd_pool *p, struct kd_batch *b, size_t *chunk, int
 static void batch_run_chunk(struct kd_vecio *v, struct kd_batch *b, size_t k, int skip,
                             char **bounce)
 {
-    struct kd_io_counters c = { 0, 0, 0 };
+    struct kd_io_counters c = {0, 0, 0};
     int rc = 0;
     if (!skip) {
         if (!b->zc && v->direct && !*bounce) {
@@ -89,7 +89,7 @@ static void *pool_worker(void *arg)
 {
     struct kd_vecio *v = arg;
     struct kd_pool *p = v->be;
-    char *bounce = NULL;   /* per worker: one synchronous read at a time */
+    char *bounce = NULL; /* per worker: one synchronous read at a time */
 
     pthread_mutex_lock(&p->mu);
     for (;;) {
@@ -117,7 +117,7 @@ static int pool_start(struct kd_vecio *v)
     struct kd_pool *p = calloc(1, sizeof *p);
     if (!p)
         return kd_fail(-ENOMEM, "out of memory for the I/O thread pool of %s", v->path);
-    v->be = p;   /* from here pool_stop() cleans up */
+    v->be = p; /* from here pool_stop() cleans up */
     int rc = pthread_mutex_init(&p->mu, NULL);
     if (rc)
         return kd_fail(-rc, "cannot create the I/O thread pool mutex for %s", v->path);
@@ -138,8 +138,8 @@ static int pool_start(struct kd_vecio *v)
     for (unsigned i = 0; i < nthreads; i++) {
         rc = pthread_create(&p->threads[i], NULL, pool_worker, v);
         if (rc) {
-            rc = kd_fail(-rc, "cannot start I/O thread %u of %u for %s: %s", i, nthreads,
-                         v->path, kd_errstr(rc));
+            rc = kd_fail(-rc, "cannot start I/O thread %u of %u for %s: %s", i, nthreads, v->path,
+                         kd_errstr(rc));
             break;
         }
         p->nthreads = i + 1;
@@ -188,7 +188,7 @@ static int pool_submit(struct kd_vecio *v, struct kd_vecio_pending *p)
     if (rc)
         return kd_fail(-rc, "cannot create a condition variable reading %s", v->path);
     pthread_mutex_lock(&pool->mu);
-    struct kd_batch **pp = &pool->head;   /* FIFO: older batches first */
+    struct kd_batch **pp = &pool->head; /* FIFO: older batches first */
     while (*pp)
         pp = &(*pp)->qnext;
     *pp = b;
@@ -202,7 +202,7 @@ static int pool_complete(struct kd_vecio *v, struct kd_vecio_pending *p)
 {
     struct kd_pool *pool = v->be;
     struct kd_batch *b = pending_be(p);
-    char *none = NULL;   /* no caller context: no bounce needed */
+    char *none = NULL; /* no caller context: no bounce needed */
     char **bounce = p->x ? &p->x->bounce : &none;
     pthread_mutex_lock(&pool->mu);
     for (;;) {

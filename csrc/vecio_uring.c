@@ -15,19 +15,19 @@
  * O_DIRECT read takes a while, and a batch holds dozens (measured:
  * docs/benchmarks.md, 'Design figures'). */
 #define KD_SUBMIT_CHUNK 8
-#define KD_STREAM_PIECE (1u << 20)   /* a stream chunk is read in pieces of this */
+#define KD_STREAM_PIECE (1u << 20) /* a stream chunk is read in pieces of this */
 
 /* The caller context's backend part. */
 struct uring_ctx {
     struct io_uring ring;
-    struct kd_req *slots;   /* one per read in flight */
-    unsigned *free_slots;   /* stack of unused slot numbers */
+    struct kd_req *slots; /* one per read in flight */
+    unsigned *free_slots; /* stack of unused slot numbers */
 };
 
 /* A batch's backend part. */
 struct uring_batch {
     unsigned nfree, inflight;
-    size_t next;            /* rows[next..n) are not queued yet */
+    size_t next; /* rows[next..n) are not queued yet */
 };
 
 static unsigned ring_size_for(unsigned depth)
@@ -43,8 +43,8 @@ static int uring_ctx_init(struct kd_vecio *v, struct kd_caller_ctx *x)
     struct uring_ctx *u = caller_be(x);
     int rc = io_uring_queue_init(v->ring_entries, &u->ring, 0);
     if (rc < 0)
-        return kd_fail(rc, "cannot set up an io_uring of %u entries for %s: %s",
-                       v->ring_entries, v->path, kd_errstr(-rc));
+        return kd_fail(rc, "cannot set up an io_uring of %u entries for %s: %s", v->ring_entries,
+                       v->path, kd_errstr(-rc));
     u->slots = calloc(v->inflight, sizeof *u->slots);
     u->free_slots = calloc(v->inflight, sizeof *u->free_slots);
     if (!u->slots || !u->free_slots) {
@@ -73,17 +73,15 @@ static int uring_open(struct kd_vecio *v)
     struct kd_caller_ctx *x = NULL;
     int err = kd_caller_new(v, &x);
     if (err < 0)
-        return kd_fail(err, "io_uring_queue_init(%u entries) failed: %s (io_uring_disabled "
+        return kd_fail(err,
+                       "io_uring_queue_init(%u entries) failed: %s (io_uring_disabled "
                        "sysctl, seccomp filter, or a kernel without io_uring)",
                        v->ring_entries, kd_errstr(-err));
     kd_caller_put(v, x);
     return 0;
 }
 
-static void uring_close(struct kd_vecio *v)
-{
-    (void)v;   /* the rings go with the caller contexts */
-}
+static void uring_close(struct kd_vecio *v) { (void)v; /* the rings go with the caller contexts */ }
 
 /* ------------------------------------------------------------------ */
 /* Record batches                                                      */
@@ -99,7 +97,7 @@ static void uring_prep(struct io_uring *ring, const struct kd_vecio *v, struct k
     }
     uint32_t want = req_issue(r, c);
     io_uring_prep_read(sqe, v->fd, r->buf + r->done, want, r->off + r->done);
-    io_uring_sqe_set_data(sqe, (void *)(uintptr_t)slot);   /* *_data64 needs liburing 2.2 */
+    io_uring_sqe_set_data(sqe, (void *)(uintptr_t)slot); /* *_data64 needs liburing 2.2 */
 }
 
 /* Queue reads until the in-flight count reaches the depth or the batch is
@@ -113,13 +111,13 @@ static void uring_fill(struct kd_vecio *v, struct kd_vecio_pending *p)
     while (!p->err && ub->next < p->n && ub->nfree > 0) {
         unsigned s = u->free_slots[--ub->nfree];
         struct kd_req *r = &u->slots[s];
-        req_init(v, r, p->rows[ub->next], p->dst + ub->next * p->dst_stride, p->dst_stride,
-                 p->zc, bounce ? bounce + (size_t)s * v->slot_bytes : NULL);
+        req_init(v, r, p->rows[ub->next], p->dst + ub->next * p->dst_stride, p->dst_stride, p->zc,
+                 bounce ? bounce + (size_t)s * v->slot_bytes : NULL);
         uring_prep(&u->ring, v, r, s, &p->c);
         ub->inflight++;
         ub->next++;
         if (++queued % KD_SUBMIT_CHUNK == 0)
-            io_uring_submit(&u->ring);   /* errors resurface in uring_complete */
+            io_uring_submit(&u->ring); /* errors resurface in uring_complete */
     }
 }
 
@@ -133,7 +131,7 @@ static int uring_submit(struct kd_vecio *v, struct kd_vecio_pending *p)
         u->free_slots[s] = depth - 1 - s;
     ub->nfree = depth;
     uring_fill(v, p);
-    io_uring_submit(&u->ring);   /* errors resurface in uring_complete */
+    io_uring_submit(&u->ring); /* errors resurface in uring_complete */
     return 0;
 }
 
@@ -151,8 +149,7 @@ static int uring_complete(struct kd_vecio *v, struct kd_vecio_pending *p)
 
         int rc = io_uring_submit_and_wait(ring, 1);
         if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-            p->err = kd_fail(rc, "io_uring submit failed reading %s: %s", v->path,
-                             kd_errstr(-rc));
+            p->err = kd_fail(rc, "io_uring submit failed reading %s: %s", v->path, kd_errstr(-rc));
             /* Wait out what the kernel took; the unsubmitted SQEs die with the ring. */
             unsigned taken = ub->inflight - io_uring_sq_ready(ring);
             while (taken > 0) {
@@ -171,12 +168,12 @@ static int uring_complete(struct kd_vecio *v, struct kd_vecio_pending *p)
 
         unsigned head, seen = 0;
         struct io_uring_cqe *cqe;
-        io_uring_for_each_cqe(ring, head, cqe) {
+        io_uring_for_each_cqe (ring, head, cqe) {
             unsigned s = (unsigned)(uintptr_t)io_uring_cqe_get_data(cqe);
             struct kd_req *r = &u->slots[s];
             int res = (int)kd_fault(0, cqe->res), st;
             seen++;
-            if (p->err) {   /* draining after a failure: keep the first message */
+            if (p->err) { /* draining after a failure: keep the first message */
                 u->free_slots[ub->nfree++] = s;
                 ub->inflight--;
                 continue;
@@ -188,7 +185,7 @@ static int uring_complete(struct kd_vecio *v, struct kd_vecio_pending *p)
             else
                 st = req_advance(v, r, (uint32_t)res);
             if (st == 0) {
-                uring_prep(ring, v, r, s, &p->c);   /* the rest of a short read */
+                uring_prep(ring, v, r, s, &p->c); /* the rest of a short read */
                 continue;
             }
             if (st == 1)
@@ -207,7 +204,7 @@ static int uring_complete(struct kd_vecio *v, struct kd_vecio_pending *p)
                 struct io_uring_cqe *w;
                 io_uring_wait_cqe(ring, &w);
             } else {
-                struct timespec ts = { 0, 50000 };
+                struct timespec ts = {0, 50000};
                 nanosleep(&ts, NULL);
             }
         }
@@ -266,14 +263,14 @@ static int stream_ring_reap(struct kd_vecio_stream *s, unsigned bi)
         if (res < 0 && !b->err)
             b->err = res;
         else if (res >= 0 && (uint64_t)res < want && !b->err)
-            b->err = -EIO;   /* short read before the records' end */
+            b->err = -EIO; /* short read before the records' end */
         b->pending--;
         io_uring_cqe_seen(ring, cqe);
     }
     struct kd_stream_buf *b = &s->buf[bi];
     if (b->err)
-        return kd_fail(b->err, "reading records %llu.. of %s: %s",
-                       (unsigned long long)b->first, v->path, kd_errstr(-b->err));
+        return kd_fail(b->err, "reading records %llu.. of %s: %s", (unsigned long long)b->first,
+                       v->path, kd_errstr(-b->err));
     return 0;
 }
 
@@ -321,8 +318,8 @@ static int uring_stream_start(struct kd_vecio_stream *s)
         (s->chunk_rows * v->stride) % v->read_align != 0)
         return kd_stream_reader_start(s);
     struct io_uring *ring = calloc(1, sizeof *ring);
-    if (!ring || io_uring_queue_init(KD_STREAM_BUFS * (KD_RANGE_CHUNK / KD_STREAM_PIECE + 2),
-                                     ring, 0) != 0) {
+    if (!ring || io_uring_queue_init(KD_STREAM_BUFS * (KD_RANGE_CHUNK / KD_STREAM_PIECE + 2), ring,
+                                     0) != 0) {
         free(ring);
         return kd_stream_reader_start(s);
     }

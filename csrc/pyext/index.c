@@ -99,8 +99,8 @@ PyObject *kd_metrics_table(void)
         const struct kd_metric_info *m = &kd_metrics[i];
         PyObject *d = Py_BuildValue("{s:s,s:i,s:O,s:O,s:d}", "name", m->name, "code", m->code,
                                     "larger_is_better", m->larger_is_better ? Py_True : Py_False,
-                                    "normalized", m->normalized ? Py_True : Py_False,
-                                    "missing", (double)m->missing);
+                                    "normalized", m->normalized ? Py_True : Py_False, "missing",
+                                    (double)m->missing);
         if (!d) {
             Py_CLEAR(t);
             break;
@@ -116,17 +116,14 @@ static PyObject *Index_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     unsigned int dim, m = 16, efc = 200;
     int metric = KD_L2, quant = KD_Q_1BIT;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Ii|IIiK", names, &dim, &metric, &m, &efc,
-                                     &quant, &seed))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Ii|IIiK", names, &dim, &metric, &m, &efc, &quant,
+                                     &seed))
         return NULL;
     struct kd_index_params p = {dim, metric, m, efc, quant, seed};
     struct kd_index *ix;
     int err;
-    Py_BEGIN_ALLOW_THREADS
-    err = kd_index_create(&ix, &p);
-    Py_END_ALLOW_THREADS
-    if (err)
-        return kd_raise(err);
+    Py_BEGIN_ALLOW_THREADS err = kd_index_create(&ix, &p);
+    Py_END_ALLOW_THREADS if (err) return kd_raise(err);
     return kd_index_wrap(ix);
 }
 
@@ -140,14 +137,12 @@ static void Index_dealloc(KdIndexObject *self)
 static PyObject *Index_close(KdIndexObject *self, PyObject *unused)
 {
     struct kd_index *ix;
-    Py_BEGIN_ALLOW_THREADS
-    pthread_rwlock_wrlock(&self->use);
+    Py_BEGIN_ALLOW_THREADS pthread_rwlock_wrlock(&self->use);
     ix = self->ix;
     self->ix = NULL;
     pthread_rwlock_unlock(&self->use);
     kd_index_free(ix);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
 static PyObject *Index_closed(KdIndexObject *self, void *unused)
@@ -168,10 +163,8 @@ static PyObject *Index_train(KdIndexObject *self, PyObject *arg)
         leave(self);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    err = kd_index_train(ix, v.buf, n);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&v);
+    Py_BEGIN_ALLOW_THREADS err = kd_index_train(ix, v.buf, n);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&v);
     leave(self);
     return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
 }
@@ -202,8 +195,7 @@ static PyObject *Index_add(KdIndexObject *self, PyObject *args)
     if (ids && nids != n) {
         PyErr_Format(PyExc_ValueError, "got %zu ids for %zu vectors", nids, n);
     } else {
-        Py_BEGIN_ALLOW_THREADS
-        err = kd_index_add(ix, xv.buf, n, ids, threads);
+        Py_BEGIN_ALLOW_THREADS err = kd_index_add(ix, xv.buf, n, ids, threads);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&xv);
@@ -227,10 +219,8 @@ static PyObject *Index_remove(KdIndexObject *self, PyObject *arg)
         leave(self);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    err = kd_index_remove(ix, ids, n);
-    Py_END_ALLOW_THREADS
-    release(&iv);
+    Py_BEGIN_ALLOW_THREADS err = kd_index_remove(ix, ids, n);
+    Py_END_ALLOW_THREADS release(&iv);
     leave(self);
     return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
 }
@@ -250,8 +240,7 @@ static PyObject *Index_contains(KdIndexObject *self, PyObject *arg)
     npy_intp dim = (npy_intp)n;
     PyObject *out = PyArray_SimpleNew(1, &dim, NPY_BOOL);
     if (out) {
-        Py_BEGIN_ALLOW_THREADS
-        kd_index_contains(ix, ids, n, PyArray_DATA((PyArrayObject *)out));
+        Py_BEGIN_ALLOW_THREADS kd_index_contains(ix, ids, n, PyArray_DATA((PyArrayObject *)out));
         Py_END_ALLOW_THREADS
     }
     release(&iv);
@@ -261,8 +250,8 @@ static PyObject *Index_contains(KdIndexObject *self, PyObject *arg)
 
 static PyObject *Index_search(KdIndexObject *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"queries", "k", "ef", "oversample", "rerank", "exact",
-                            "threads", "filter", NULL};
+    static char *names[] = {"queries", "k",       "ef",     "oversample", "rerank",
+                            "exact",   "threads", "filter", NULL};
     PyObject *qo, *fo = Py_None;
     Py_ssize_t k, ef = 0;
     double oversample = 0;
@@ -295,18 +284,16 @@ static PyObject *Index_search(KdIndexObject *self, PyObject *args, PyObject *kw)
     ids_out = PyArray_SimpleNew(2, dims, NPY_INT64);
     if (!dist || !ids_out)
         goto out;
-    struct kd_search_params sp = {(size_t)k, (size_t)ef, oversample, rerank, exact, threads,
-                                  filter, nf};
+    struct kd_search_params sp = {(size_t)k, (size_t)ef, oversample, rerank,
+                                  exact,     threads,    filter,     nf};
     /* A filter that is given but empty still filters (to nothing). */
     static const int64_t none[1] = {0};
     if (fo != Py_None && !filter)
         sp.filter = none;
-    Py_BEGIN_ALLOW_THREADS
-    err = kd_index_search(ix, qv.buf, nq, &sp, PyArray_DATA((PyArrayObject *)dist),
-                          PyArray_DATA((PyArrayObject *)ids_out));
-    Py_END_ALLOW_THREADS
-out:
-    PyBuffer_Release(&qv);
+    Py_BEGIN_ALLOW_THREADS err = kd_index_search(ix, qv.buf, nq, &sp,
+                                                 PyArray_DATA((PyArrayObject *)dist),
+                                                 PyArray_DATA((PyArrayObject *)ids_out));
+    Py_END_ALLOW_THREADS out : PyBuffer_Release(&qv);
     release(&fv);
     leave(self);
     if (err)
@@ -353,11 +340,8 @@ static PyObject *Index_get_vectors(KdIndexObject *self, PyObject *arg)
     Py_INCREF(raw);
     if (PyArray_SetBaseObject((PyArrayObject *)out, raw) != 0)
         goto out;
-    Py_BEGIN_ALLOW_THREADS
-    err = kd_index_get_vectors(ix, ids, n, base + skip, stride);
-    Py_END_ALLOW_THREADS
-out:
-    Py_XDECREF(raw);
+    Py_BEGIN_ALLOW_THREADS err = kd_index_get_vectors(ix, ids, n, base + skip, stride);
+    Py_END_ALLOW_THREADS out : Py_XDECREF(raw);
     release(&iv);
     leave(self);
     if (err)
@@ -378,15 +362,13 @@ static PyObject *Index_save_path(KdIndexObject *self, PyObject *arg)
     int err = 0;
     if (ix) {
         const char *path = PyBytes_AS_STRING(bytes);
-        Py_BEGIN_ALLOW_THREADS
-        err = kd_index_save_path(ix, path);
-        Py_END_ALLOW_THREADS
-        leave(self);
+        Py_BEGIN_ALLOW_THREADS err = kd_index_save_path(ix, path);
+        Py_END_ALLOW_THREADS leave(self);
     }
     Py_DECREF(bytes);
     if (!ix)
         return NULL;
-    if (err == -EROFS)   /* a read-only filesystem, not a read-only index */
+    if (err == -EROFS) /* a read-only filesystem, not a read-only index */
         return kd_raise_os(err);
     return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
 }
@@ -403,10 +385,8 @@ static PyObject *Index_save_file(KdIndexObject *self, PyObject *file)
         leave(self);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    err = kd_index_save(ix, &w);
-    Py_END_ALLOW_THREADS
-    leave(self);
+    Py_BEGIN_ALLOW_THREADS err = kd_index_save(ix, &w);
+    Py_END_ALLOW_THREADS leave(self);
     if (kd_pywriter_finish(&pw)) {
         kd_clear_error();
         return NULL;
@@ -423,10 +403,8 @@ static PyObject *Index_to_bytes(KdIndexObject *self, PyObject *unused)
     struct kd_mem_writer mw;
     int err;
     kd_mem_writer_init(&w, &mw);
-    Py_BEGIN_ALLOW_THREADS
-    err = kd_index_save(ix, &w);
-    Py_END_ALLOW_THREADS
-    leave(self);
+    Py_BEGIN_ALLOW_THREADS err = kd_index_save(ix, &w);
+    Py_END_ALLOW_THREADS leave(self);
     PyObject *r = err ? kd_raise(err)
                       : PyBytes_FromStringAndSize((const char *)mw.data, (Py_ssize_t)mw.size);
     free(mw.data);
@@ -439,22 +417,20 @@ static PyObject *Index_verify(KdIndexObject *self, PyObject *unused)
     if (!ix)
         return NULL;
     int err;
-    Py_BEGIN_ALLOW_THREADS
-    err = kd_index_verify(ix);
-    Py_END_ALLOW_THREADS
-    leave(self);
+    Py_BEGIN_ALLOW_THREADS err = kd_index_verify(ix);
+    Py_END_ALLOW_THREADS leave(self);
     return err ? kd_raise(err) : (Py_INCREF(Py_True), Py_True);
 }
 
-#define SET(d, key, value)                                                              \
-    do {                                                                                \
-        PyObject *v_ = (value);                                                         \
-        if (!v_ || PyDict_SetItemString(d, key, v_) != 0) {                             \
-            Py_XDECREF(v_);                                                             \
-            Py_DECREF(d);                                                               \
-            return NULL;                                                                \
-        }                                                                               \
-        Py_DECREF(v_);                                                                  \
+#define SET(d, key, value)                                                                         \
+    do {                                                                                           \
+        PyObject *v_ = (value);                                                                    \
+        if (!v_ || PyDict_SetItemString(d, key, v_) != 0) {                                        \
+            Py_XDECREF(v_);                                                                        \
+            Py_DECREF(d);                                                                          \
+            return NULL;                                                                           \
+        }                                                                                          \
+        Py_DECREF(v_);                                                                             \
     } while (0)
 
 static PyObject *Index_info(KdIndexObject *self, PyObject *unused)
@@ -478,8 +454,8 @@ static PyObject *Index_info(KdIndexObject *self, PyObject *unused)
     SET(d, "seed", PyLong_FromUnsignedLongLong(in.params.seed));
     SET(d, "path", in.path ? PyUnicode_DecodeFSDefault(in.path) : (Py_INCREF(Py_None), Py_None));
     SET(d, "storage", PyUnicode_FromString(in.on_disk ? "disk" : "memory"));
-    SET(d, "io_backend", PyUnicode_FromString(in.on_disk ? kd_io_backend_name(in.io.backend)
-                                                         : "memory"));
+    SET(d, "io_backend",
+        PyUnicode_FromString(in.on_disk ? kd_io_backend_name(in.io.backend) : "memory"));
     SET(d, "direct_io", PyBool_FromLong(in.on_disk && in.io.direct_io));
     SET(d, "record_size", PyLong_FromUnsignedLong(in.record_size));
     SET(d, "code_size", PyLong_FromUnsignedLong(in.code_size));
@@ -565,8 +541,7 @@ static PyGetSetDef Index_getset[] = {
 static PySequenceMethods Index_as_sequence = {.sq_length = (lenfunc)Index_len};
 
 PyTypeObject KdIndexType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "knndirect._core.Index",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "knndirect._core.Index",
     .tp_basicsize = sizeof(KdIndexObject),
     .tp_dealloc = (destructor)Index_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,

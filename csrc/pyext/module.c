@@ -66,17 +66,15 @@ static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
     PyObject *pathobj;
     int direct = 1, backend = KD_IO_AUTO;
     unsigned int depth = 128, preload = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|piII", names, PyUnicode_FSConverter,
-                                     &pathobj, &direct, &backend, &depth, &preload))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|piII", names, PyUnicode_FSConverter, &pathobj,
+                                     &direct, &backend, &depth, &preload))
         return NULL;
     struct kd_open_params op = {direct, backend, depth, preload};
     struct kd_index *ix = NULL;
     int err;
     const char *path = PyBytes_AS_STRING(pathobj);
-    Py_BEGIN_ALLOW_THREADS
-    err = kd_index_open(&ix, path, &op);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(pathobj);
+    Py_BEGIN_ALLOW_THREADS err = kd_index_open(&ix, path, &op);
+    Py_END_ALLOW_THREADS Py_DECREF(pathobj);
     if (err)
         return kd_raise(err);
     return kd_index_wrap(ix);
@@ -88,13 +86,13 @@ static PyObject *mod_features(PyObject *mod, PyObject *unused)
     if (!d)
         return NULL;
     PyObject *v;
-#define PUT(key, expr)                                                                  \
-    v = (expr);                                                                         \
-    if (!v || PyDict_SetItemString(d, key, v)) {                                        \
-        Py_XDECREF(v);                                                                  \
-        Py_DECREF(d);                                                                   \
-        return NULL;                                                                    \
-    }                                                                                   \
+#define PUT(key, expr)                                                                             \
+    v = (expr);                                                                                    \
+    if (!v || PyDict_SetItemString(d, key, v)) {                                                   \
+        Py_XDECREF(v);                                                                             \
+        Py_DECREF(d);                                                                              \
+        return NULL;                                                                               \
+    }                                                                                              \
     Py_DECREF(v);
     PUT("io_uring", PyBool_FromLong(kd_vecio_have_uring()));
     PUT("avx2", PyBool_FromLong(kd_cpu_has_avx2()));
@@ -161,10 +159,9 @@ static PyObject *mod_read_probe(PyObject *mod, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*|I", &b, &threads))
         return NULL;
     double secs;
-    Py_BEGIN_ALLOW_THREADS
-    secs = kd_exact_read_probe(b.buf, (size_t)b.len / 4, threads ? threads : kd_cpu_count());
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&b);
+    Py_BEGIN_ALLOW_THREADS secs = kd_exact_read_probe(b.buf, (size_t)b.len / 4,
+                                                      threads ? threads : kd_cpu_count());
+    Py_END_ALLOW_THREADS PyBuffer_Release(&b);
     return PyFloat_FromDouble(secs);
 }
 
@@ -176,8 +173,8 @@ static PyObject *mod_read_probe(PyObject *mod, PyObject *args)
 static PyObject *mod_inject_fault(PyObject *mod, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"kind", "after", "count", NULL};
-    static const char *kinds[] = {"none", "eio", "short", "eof", "enospc", "write_eio",
-                                  "slow_write"};
+    static const char *kinds[] = {"none",   "eio",       "short",     "eof",
+                                  "enospc", "write_eio", "slow_write"};
     const char *kind;
     unsigned long long after = 0;
     long long count = 1;

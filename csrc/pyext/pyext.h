@@ -21,8 +21,7 @@
 /* The Python-visible index: owns one core index. `use` lets close() wait for
  * calls that are running with the GIL released. */
 typedef struct {
-    PyObject_HEAD
-    struct kd_index *ix;
+    PyObject_HEAD struct kd_index *ix;
     pthread_rwlock_t use;
 } KdIndexObject;
 
@@ -61,8 +60,7 @@ struct kd_pyreader {
     PyObject *exc_type, *exc_value, *exc_tb;
 };
 /* With the GIL held; -1 with TypeError set when file cannot be read. */
-int kd_pyreader_init(struct kd_reader *r, struct kd_pyreader *ctx, PyObject *file,
-                     uint64_t size);
+int kd_pyreader_init(struct kd_reader *r, struct kd_pyreader *ctx, PyObject *file, uint64_t size);
 int kd_pyreader_finish(struct kd_pyreader *ctx);
 
 /* Release a memoryview over our memory after a call into Python. */

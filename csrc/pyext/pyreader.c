@@ -88,8 +88,7 @@ static int64_t py_read(void *p, void *buf, size_t n)
     return got;
 }
 
-int kd_pyreader_init(struct kd_reader *r, struct kd_pyreader *ctx, PyObject *file,
-                     uint64_t size)
+int kd_pyreader_init(struct kd_reader *r, struct kd_pyreader *ctx, PyObject *file, uint64_t size)
 {
     memset(ctx, 0, sizeof *ctx);
     ctx->readinto = PyObject_GetAttrString(file, "readinto");
@@ -135,10 +134,8 @@ PyObject *kd_mod_load_bytes(PyObject *mod, PyObject *arg)
     struct kd_mem_reader mr;
     int err;
     kd_mem_reader_init(&r, &mr, v.buf, (size_t)v.len);
-    Py_BEGIN_ALLOW_THREADS
-    err = kd_index_load(&ix, &r);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&v);
+    Py_BEGIN_ALLOW_THREADS err = kd_index_load(&ix, &r);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&v);
     if (err)
         return kd_raise(err);
     return kd_index_wrap(ix);
@@ -152,10 +149,8 @@ PyObject *kd_mod_load_path(PyObject *mod, PyObject *arg)
     struct kd_index *ix = NULL;
     int err;
     const char *path = PyBytes_AS_STRING(pathobj);
-    Py_BEGIN_ALLOW_THREADS
-    err = kd_index_load_path(&ix, path);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(pathobj);
+    Py_BEGIN_ALLOW_THREADS err = kd_index_load_path(&ix, path);
+    Py_END_ALLOW_THREADS Py_DECREF(pathobj);
     if (err)
         return kd_raise(err);
     return kd_index_wrap(ix);
@@ -173,10 +168,9 @@ PyObject *kd_mod_load_file(PyObject *mod, PyObject *args)
         return NULL;
     struct kd_index *ix = NULL;
     int err;
-    Py_BEGIN_ALLOW_THREADS
-    err = kd_index_load(&ix, &r);
-    Py_END_ALLOW_THREADS
-    if (kd_pyreader_finish(&pr)) {
+    Py_BEGIN_ALLOW_THREADS err = kd_index_load(&ix, &r);
+    Py_END_ALLOW_THREADS if (kd_pyreader_finish(&pr))
+    {
         kd_index_free(ix);
         kd_clear_error();
         return NULL;

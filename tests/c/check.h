@@ -16,19 +16,19 @@ static int n_pass, n_fail;
 #define CHECK_UNLOCK() ((void)0)
 #endif
 
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        CHECK_LOCK();                                                      \
-        if (cond) {                                                        \
-            n_pass++;                                                      \
-        } else {                                                           \
-            n_fail++;                                                      \
-            printf("FAIL %s:%d: %s -- ", __FILE__, __LINE__, #cond);       \
-            printf(__VA_ARGS__);                                           \
-            printf(" [last error: %s]\n", kd_last_error());               \
-            fflush(stdout);                                                \
-        }                                                                  \
-        CHECK_UNLOCK();                                                    \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        CHECK_LOCK();                                                                              \
+        if (cond) {                                                                                \
+            n_pass++;                                                                              \
+        } else {                                                                                   \
+            n_fail++;                                                                              \
+            printf("FAIL %s:%d: %s -- ", __FILE__, __LINE__, #cond);                               \
+            printf(__VA_ARGS__);                                                                   \
+            printf(" [last error: %s]\n", kd_last_error());                                        \
+            fflush(stdout);                                                                        \
+        }                                                                                          \
+        CHECK_UNLOCK();                                                                            \
     } while (0)
 
 #endif

@@ -76,10 +76,7 @@ static float *make_vectors(size_t n, uint32_t dim, uint64_t seed)
 
 /* The errno of a damaged file: KD_ECORRUPT; the container layer's own
  * checks (format.c) may still report EINVAL. */
-static int damaged(int err)
-{
-    return err == -KD_ECORRUPT || err == -EINVAL;
-}
+static int damaged(int err) { return err == -KD_ECORRUPT || err == -EINVAL; }
 
 static int make_index(struct kd_index **ix, uint32_t dim, int metric, const float *x, size_t n,
                       int64_t first_id)
@@ -108,8 +105,8 @@ static int make_index(struct kd_index **ix, uint32_t dim, int metric, const floa
 struct shared {
     struct kd_index *ix;
     const float *x;
-    uint64_t gen;                 /* removes completed */
-    uint64_t slots;               /* ids handed out so far */
+    uint64_t gen;   /* removes completed */
+    uint64_t slots; /* ids handed out so far */
     int stop;
     int on_disk;
     uint64_t removed_at[MAX_IDS]; /* generation from which an id is gone; 0: live */
@@ -355,8 +352,7 @@ static void test_leaks(void)
     float D[10];
     int64_t I[10];
     struct kd_search_params sp = {10, 0, 0, 1, 0, 1, NULL, 0};
-    static const int backends[] = {KD_IO_AUTO, KD_IO_URING, KD_IO_THREADS, KD_IO_PREAD,
-                                   KD_IO_MMAP};
+    static const int backends[] = {KD_IO_AUTO, KD_IO_URING, KD_IO_THREADS, KD_IO_PREAD, KD_IO_MMAP};
     for (int cycle = 0; cycle < 60; cycle++) {
         int be = backends[cycle % 5];
         if (be == KD_IO_URING && !kd_vecio_have_uring())
@@ -425,7 +421,7 @@ static void test_leaks(void)
         struct kd_index *o = NULL;
         err = kd_index_open(&o, bad, &op);
         CHECK(damaged(err) || (err == 0 && cycle % 2), "open of a damaged file: %d", err);
-        if (err == 0) {   /* a flip in the vectors is found by verify, one in padding is harmless */
+        if (err == 0) { /* a flip in the vectors is found by verify, one in padding is harmless */
             err = kd_index_verify(o);
             CHECK(err == 0 || damaged(err), "verify of a damaged file: %d", err);
             CHECK(kd_index_search(o, x, 1, &sp, D, I) == 0, "search of a damaged file");
@@ -504,8 +500,8 @@ static void big_case(uint64_t offset, uint32_t stride, uint32_t rb, uint64_t cou
         CHECK(err == 0, "read of far rows (%s)", kd_io_backend_name(backends[b]));
         for (size_t i = 0; !err && i < nrows; i++)
             CHECK(record_ok(dst + i * ds, rb, rows[i]), "row %llu at file offset %llu (%s)",
-                  (unsigned long long)rows[i],
-                  (unsigned long long)(offset + rows[i] * stride), kd_io_backend_name(backends[b]));
+                  (unsigned long long)rows[i], (unsigned long long)(offset + rows[i] * stride),
+                  kd_io_backend_name(backends[b]));
         /* A range read around each far row. */
         for (size_t i = 0; i < nrows; i++) {
             uint64_t first = rows[i] > 0 ? rows[i] - 1 : 0;
@@ -529,7 +525,8 @@ static void big_case(uint64_t offset, uint32_t stride, uint32_t rb, uint64_t cou
             while ((got = kd_vecio_stream_next(st, &buf, &first, &c)) > 0) {
                 if (first + (uint64_t)got == count)
                     CHECK(record_ok((const uint8_t *)buf + (count - 1 - first) * stride, rb,
-                                    count - 1), "streamed last row");
+                                    count - 1),
+                          "streamed last row");
                 seen += (uint64_t)got;
             }
             CHECK(got == 0 && seen == tail, "stream of the tail: %lld, %llu", (long long)got,
@@ -547,7 +544,7 @@ static void test_bigfile(void)
     /* Small records: 2^32 + 100 rows of 16 bytes (a 64 GiB sparse file), rows
      * on both sides of 2^31 and 2^32, offsets beyond 4 GiB. */
     uint64_t count = (1ull << 32) + 100;
-    uint64_t rows[] = {0, (1ull << 31) - 1, 1ull << 31, (1ull << 31) + 7, (1ull << 32) - 1,
+    uint64_t rows[] = {0,          (1ull << 31) - 1, 1ull << 31, (1ull << 31) + 7, (1ull << 32) - 1,
                        1ull << 32, (1ull << 32) + 3, count - 1};
     big_case(4096, 16, 16, count, rows, sizeof rows / sizeof *rows);
     /* Whole-block records past 4 GiB (zero-copy O_DIRECT reads), with the

@@ -32,7 +32,7 @@ static void one_case(uint32_t dim, int metric)
     memset(&qc, 0, sizeof qc);
     float *x = malloc(n * dim * sizeof(float)), *query = malloc(dim * sizeof(float));
     for (size_t i = 0; i < n * dim; i++)
-        x[i] = uniform() + (float)(i / dim % 3);  /* three loose clusters */
+        x[i] = uniform() + (float)(i / dim % 3); /* three loose clusters */
     for (uint32_t i = 0; i < dim; i++)
         query[i] = uniform() + 1.0f;
     int err = kd_quant_init(&q, 1, dim, metric, 1, NULL, NULL, 7);
@@ -46,7 +46,7 @@ static void one_case(uint32_t dim, int metric)
     float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) {
         kd_quant_encode(&q, x + i * dim, codes + i * q.code_size, work);
-        rows[i] = (uint32_t)((i * 7919) % n);  /* scattered order */
+        rows[i] = (uint32_t)((i * 7919) % n); /* scattered order */
     }
     CHECK(!kd_qcode_alloc(&qc, &q), "qcode alloc");
     kd_qcode_prepare(&q, query, &qc);

@@ -42,7 +42,7 @@
  * page must not cross one, a longer one must start on a page (vecio_backend.h,
  * KD_PAGE_ALIGN: a buffer straddling pages costs the device a segment). */
 static atomic_ulong n_direct_seen, n_page_crossing;
-static atomic_int watching;   /* test_configs only: no short reads resumed mid-buffer */
+static atomic_int watching; /* test_configs only: no short reads resumed mid-buffer */
 
 static void see_read(int fd, uintptr_t buf, size_t len)
 {
@@ -122,8 +122,8 @@ static int record_ok(const uint8_t *p, uint64_t r, uint32_t rb)
 
 /* Header, then count records with padding, the file ending right after the
  * last record's payload (so a full-stride read of it crosses EOF). */
-static int make_file(const char *dir, uint32_t rb, uint32_t stride, uint64_t count,
-                     char *path, size_t plen)
+static int make_file(const char *dir, uint32_t rb, uint32_t stride, uint64_t count, char *path,
+                     size_t plen)
 {
     snprintf(path, plen, "%s/kd_vecio_test_XXXXXX", dir);
     int fd = mkstemp(path);
@@ -145,12 +145,17 @@ static int make_file(const char *dir, uint32_t rb, uint32_t stride, uint64_t cou
 }
 
 static struct kd_vecio_config base_cfg(const char *path, uint32_t rb, uint32_t stride,
-                                       uint64_t count, int backend, int direct,
-                                       unsigned depth)
+                                       uint64_t count, int backend, int direct, unsigned depth)
 {
     struct kd_vecio_config c = {
-        .path = path, .offset = HEADER, .count = count, .stride = stride,
-        .record_bytes = rb, .backend = backend, .direct_io = direct, .io_depth = depth,
+        .path = path,
+        .offset = HEADER,
+        .count = count,
+        .stride = stride,
+        .record_bytes = rb,
+        .backend = backend,
+        .direct_io = direct,
+        .io_depth = depth,
     };
     return c;
 }
@@ -172,11 +177,11 @@ static void make_rows(uint64_t *rows, size_t n, uint64_t count, uint64_t seed)
     if (n > 2) {
         rows[n / 3] = count - 1;
         rows[n / 2] = 0;
-        rows[n - 1] = rows[1];   /* a repeat */
+        rows[n - 1] = rows[1]; /* a repeat */
     }
 }
 
-static const int all_backends[] = { KD_IO_URING, KD_IO_THREADS, KD_IO_PREAD, KD_IO_MMAP };
+static const int all_backends[] = {KD_IO_URING, KD_IO_THREADS, KD_IO_PREAD, KD_IO_MMAP};
 
 /* Batch reads of one open handle in every buffer layout. */
 static void check_reads(struct kd_vecio *v, const char *what, uint32_t rb, uint32_t stride,
@@ -191,7 +196,7 @@ static void check_reads(struct kd_vecio *v, const char *what, uint32_t rb, uint3
     uint64_t *rows = malloc(n * sizeof *rows);
     make_rows(rows, n, count, 0x1234 + rb);
 
-    size_t strides[4] = { stride, rb, (size_t)kd_round_up(rb, 4096) + 4096, 0 };
+    size_t strides[4] = {stride, rb, (size_t)kd_round_up(rb, 4096) + 4096, 0};
     for (int si = 0; strides[si]; si++) {
         size_t ds = strides[si];
         for (int aligned = 1; aligned >= 0; aligned--) {
@@ -199,7 +204,7 @@ static void check_reads(struct kd_vecio *v, const char *what, uint32_t rb, uint3
             uint8_t *base = kd_alloc_aligned(4096, total);
             uint8_t *dst = base + (aligned ? 0 : 8);
             memset(base, 0x5A, total);
-            struct kd_io_counters c = { 7, 7, 7 };
+            struct kd_io_counters c = {7, 7, 7};
             int rc = kd_vecio_read(v, rows, n, dst, ds, &c);
             CHECK(rc == 0, "%s: read ds=%zu aligned=%d rc=%d", what, ds, aligned, rc);
             int bad = 0;
@@ -243,8 +248,8 @@ static void check_reads(struct kd_vecio *v, const char *what, uint32_t rb, uint3
     }
 
     /* Ranges, including the last record (ends the file) and unaligned starts. */
-    uint64_t ranges[][2] = { { 0, count }, { 1, 5 }, { 3, 1 }, { count - 7, 7 },
-                             { count - 1, 1 }, { count / 2, count / 3 } };
+    uint64_t ranges[][2] = {{0, count},     {1, 5},         {3, 1},
+                            {count - 7, 7}, {count - 1, 1}, {count / 2, count / 3}};
     for (size_t k = 0; k < sizeof ranges / sizeof ranges[0]; k++) {
         uint64_t first = ranges[k][0], m = ranges[k][1];
         for (int aligned = 1; aligned >= 0; aligned--) {
@@ -276,7 +281,7 @@ static void check_reads(struct kd_vecio *v, const char *what, uint32_t rb, uint3
     }
 
     /* Out of range rows, empty batches. */
-    uint64_t badrow[2] = { 0, count };
+    uint64_t badrow[2] = {0, count};
     uint8_t *tmp = kd_alloc_aligned(4096, 2 * (size_t)kd_round_up(stride, 4096));
     struct kd_io_counters c;
     CHECK(kd_vecio_read(v, badrow, 2, tmp, stride, &c) == -EINVAL, "%s: row == count", what);
@@ -294,8 +299,8 @@ static void check_reads(struct kd_vecio *v, const char *what, uint32_t rb, uint3
 static void test_configs(void)
 {
     atomic_store(&watching, 1);
-    static const uint32_t cfgs[][2] = { { 3072, 4096 }, { 512, 512 }, { 128, 128 },
-                                        { 8192, 8192 }, { 100, 300 } };
+    static const uint32_t cfgs[][2] = {
+        {3072, 4096}, {512, 512}, {128, 128}, {8192, 8192}, {100, 300}};
     for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
         uint32_t rb = cfgs[k][0], stride = cfgs[k][1];
         uint64_t count = 301;
@@ -306,15 +311,15 @@ static void test_configs(void)
             if (be == KD_IO_URING && !kd_vecio_have_uring())
                 continue;
             for (int direct = 1; direct >= 0; direct--) {
-                unsigned depths[] = { 8, 1, 1000 };
+                unsigned depths[] = {8, 1, 1000};
                 for (size_t d = 0; d < 3; d++) {
                     if (d > 0 && (be == KD_IO_MMAP || be == KD_IO_PREAD || !direct))
-                        break;   /* depth matters only for the parallel backends */
+                        break; /* depth matters only for the parallel backends */
                     char what[160];
                     snprintf(what, sizeof what, "%s rb=%u stride=%u direct=%d depth=%u",
                              kd_io_backend_name(be), rb, stride, direct, depths[d]);
-                    struct kd_vecio_config cfg =
-                        base_cfg(path, rb, stride, count, be, direct, depths[d]);
+                    struct kd_vecio_config cfg = base_cfg(path, rb, stride, count, be, direct,
+                                                          depths[d]);
                     struct kd_vecio *v = NULL;
                     int rc = kd_vecio_open(&v, &cfg);
                     CHECK(rc == 0, "%s: open rc=%d", what, rc);
@@ -323,8 +328,8 @@ static void test_configs(void)
                     struct kd_vecio_info info;
                     kd_vecio_get_info(v, &info);
                     CHECK(info.backend == be, "%s: backend %d", what, info.backend);
-                    CHECK(info.direct_io == (direct && be != KD_IO_MMAP), "%s: direct_io %d",
-                          what, info.direct_io);
+                    CHECK(info.direct_io == (direct && be != KD_IO_MMAP), "%s: direct_io %d", what,
+                          info.direct_io);
                     CHECK(info.fallbacks == 0, "%s: fallbacks %u", what, info.fallbacks);
                     CHECK(info.alignment >= 512 && (info.alignment & (info.alignment - 1)) == 0,
                           "%s: alignment %u", what, info.alignment);
@@ -337,8 +342,8 @@ static void test_configs(void)
     }
     atomic_store(&watching, 0);
     CHECK(atomic_load(&n_direct_seen) > 1000 && atomic_load(&n_page_crossing) == 0,
-          "%lu of %lu O_DIRECT reads crossed a page in their buffer",
-          atomic_load(&n_page_crossing), atomic_load(&n_direct_seen));
+          "%lu of %lu O_DIRECT reads crossed a page in their buffer", atomic_load(&n_page_crossing),
+          atomic_load(&n_direct_seen));
 }
 
 static void test_auto_and_env(void)
@@ -456,21 +461,20 @@ static int run_in_child(const char *name, int (*fn)(void *), void *arg)
         n_pass = n_fail = 0;
         if (fn(arg) != 0)
             _exit(77);
-        int counts[2] = { n_pass, n_fail };
+        int counts[2] = {n_pass, n_fail};
         ssize_t w = write(fds[1], counts, sizeof counts);
         fflush(stdout);
         _exit(w == (ssize_t)sizeof counts ? 0 : 1);
     }
     close(fds[1]);
-    int counts[2] = { 0, 0 }, status = 0;
+    int counts[2] = {0, 0}, status = 0;
     ssize_t got = pid > 0 ? read(fds[0], counts, sizeof counts) : -1;
     if (pid > 0)
         waitpid(pid, &status, 0);
     close(fds[0]);
     if (pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 77)
         return 0;
-    CHECK(pid > 0 && got == (ssize_t)sizeof counts && WIFEXITED(status) &&
-              WEXITSTATUS(status) == 0,
+    CHECK(pid > 0 && got == (ssize_t)sizeof counts && WIFEXITED(status) && WEXITSTATUS(status) == 0,
           "%s: child failed (status %d)", name, status);
     printf("  %s: %d passed, %d failed\n", name, counts[0], counts[1]);
     n_pass += counts[0];
@@ -483,8 +487,7 @@ static int run_in_child(const char *name, int (*fn)(void *), void *arg)
 static int ramfs_child(void *arg)
 {
     const char *dir = arg;
-    if (unshare(CLONE_NEWNS) != 0 ||
-        mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) != 0 ||
+    if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) != 0 ||
         mount("none", dir, "ramfs", 0, NULL) != 0)
         return 1;
     fallback_checks(dir, 1);
@@ -525,7 +528,7 @@ static int seccomp_child(void *arg)
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
-    struct sock_fprog prog = { sizeof f / sizeof f[0], f };
+    struct sock_fprog prog = {sizeof f / sizeof f[0], f};
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
         return 1;
@@ -597,17 +600,18 @@ static void test_bad_configs(void)
     kd_vecio_close(NULL);
 
     CHECK(strcmp(kd_io_backend_name(KD_IO_AUTO), "auto") == 0 &&
-          strcmp(kd_io_backend_name(KD_IO_URING), "io_uring") == 0 &&
-          strcmp(kd_io_backend_name(KD_IO_THREADS), "threads") == 0 &&
-          strcmp(kd_io_backend_name(KD_IO_PREAD), "pread") == 0 &&
-          strcmp(kd_io_backend_name(KD_IO_MMAP), "mmap") == 0, "backend names");
+              strcmp(kd_io_backend_name(KD_IO_URING), "io_uring") == 0 &&
+              strcmp(kd_io_backend_name(KD_IO_THREADS), "threads") == 0 &&
+              strcmp(kd_io_backend_name(KD_IO_PREAD), "pread") == 0 &&
+              strcmp(kd_io_backend_name(KD_IO_MMAP), "mmap") == 0,
+          "backend names");
     unlink(path);
 }
 
 /* A file that shrinks under an open handle: reads past the new end are -EIO. */
 static void test_truncated(void)
 {
-    for (size_t b = 0; b < 3; b++) {   /* not mmap: that would be SIGBUS */
+    for (size_t b = 0; b < 3; b++) { /* not mmap: that would be SIGBUS */
         int be = all_backends[b];
         if (be == KD_IO_URING && !kd_vecio_have_uring())
             continue;
@@ -618,17 +622,17 @@ static void test_truncated(void)
             struct kd_vecio *v = NULL;
             CHECK(kd_vecio_open(&v, &cfg) == 0, "open");
             CHECK(truncate(path, HEADER + 30 * 4096 + 1000) == 0, "truncate");
-            uint64_t rows[3] = { 1, 30, 2 };
+            uint64_t rows[3] = {1, 30, 2};
             uint8_t *dst = kd_alloc_aligned(4096, 16 * 4096);
             struct kd_io_counters c;
             int rc = kd_vecio_read(v, rows, 3, dst, 4096, &c);
-            CHECK(rc == -EIO, "%s direct=%d: read of a cut record rc=%d",
-                  kd_io_backend_name(be), direct, rc);
+            CHECK(rc == -EIO, "%s direct=%d: read of a cut record rc=%d", kd_io_backend_name(be),
+                  direct, rc);
             CHECK(strstr(kd_last_error(), "end of file") && strstr(kd_last_error(), path),
                   "message '%s'", kd_last_error());
-            uint64_t ok_rows[2] = { 29, 0 };
-            CHECK(kd_vecio_read(v, ok_rows, 2, dst, 4096, &c) == 0 &&
-                  record_ok(dst, 29, 3072) && record_ok(dst + 4096, 0, 3072),
+            uint64_t ok_rows[2] = {29, 0};
+            CHECK(kd_vecio_read(v, ok_rows, 2, dst, 4096, &c) == 0 && record_ok(dst, 29, 3072) &&
+                      record_ok(dst + 4096, 0, 3072),
                   "reads before the cut still work");
             CHECK(kd_vecio_read_range(v, 25, 10, dst, &c) == -EIO, "range over the cut");
             kd_free_aligned(dst);
@@ -655,7 +659,7 @@ static void *reader_thread(void *p)
     size_t ds = a->stride;
     uint8_t *base = kd_alloc_aligned(4096, n * ds + 64);
     for (int it = 0; it < 40; it++) {
-        uint8_t *dst = base + ((it & 1) ? 8 : 0);   /* bounce and zero-copy */
+        uint8_t *dst = base + ((it & 1) ? 8 : 0); /* bounce and zero-copy */
         for (size_t i = 0; i < n; i++)
             rows[i] = rng_next(&s) % a->count;
         size_t m = 1 + rng_next(&s) % n;
@@ -686,7 +690,7 @@ static void test_concurrent(void)
         pthread_t t[4];
         struct thr_arg args[4];
         for (int i = 0; i < 4; i++) {
-            args[i] = (struct thr_arg){ v, 3072, 4096, 500, i, 0 };
+            args[i] = (struct thr_arg){v, 3072, 4096, 500, i, 0};
             pthread_create(&t[i], NULL, reader_thread, &args[i]);
         }
         int bad = 0;
@@ -705,7 +709,7 @@ static void test_concurrent(void)
 static void test_counters_agree(void)
 {
     uint32_t rb = 3072, stride = 4096;
-    uint64_t count = 5000;   /* a stream of several chunks */
+    uint64_t count = 5000; /* a stream of several chunks */
     char path[128];
     CHECK(make_file("/tmp", rb, stride, count, path, sizeof path) == 0, "make_file");
     size_t n = 80;
@@ -713,7 +717,7 @@ static void test_counters_agree(void)
     make_rows(rows, n, count, 99);
     uint8_t *dst = kd_alloc_aligned(4096, n * 4096);
     for (int direct = 1; direct >= 0; direct--) {
-        struct kd_io_counters ref = { 0, 0, 0 };
+        struct kd_io_counters ref = {0, 0, 0};
         int have_ref = 0;
         for (size_t b = 0; b < sizeof all_backends / sizeof all_backends[0]; b++) {
             int be = all_backends[b];
@@ -730,7 +734,7 @@ static void test_counters_agree(void)
             /* Unaligned dst: the bounce path under O_DIRECT. */
             for (int off = 0; off <= 8; off += 8) {
                 struct kd_vecio_pending *p = NULL;
-                struct kd_io_counters c = { 0, 0, 0 };
+                struct kd_io_counters c = {0, 0, 0};
                 int rc = kd_vecio_submit(v, rows, n, dst + off, stride, &p);
                 if (rc == 0)
                     rc = kd_vecio_complete(p, &c);
@@ -748,7 +752,7 @@ static void test_counters_agree(void)
             struct kd_vecio_stream *st = NULL;
             int rc = kd_vecio_stream_open(v, 1, count - 1, &st);
             CHECK(rc == 0, "%s: stream_open rc=%d", what, rc);
-            struct kd_io_counters c = { 0, 0, 0 };
+            struct kd_io_counters c = {0, 0, 0};
             uint64_t seen = 0, bad = 0;
             const void *buf;
             uint64_t first;
@@ -760,11 +764,11 @@ static void test_counters_agree(void)
                 seen += (uint64_t)got;
             }
             kd_vecio_stream_close(st);
-            CHECK(rc || (seen == count - 1 && bad == 0), "%s: stream %llu rows, %llu wrong",
-                  what, (unsigned long long)seen, (unsigned long long)bad);
+            CHECK(rc || (seen == count - 1 && bad == 0), "%s: stream %llu rows, %llu wrong", what,
+                  (unsigned long long)seen, (unsigned long long)bad);
             CHECK(c.read_ops >= 1 && c.read_bytes >= (count - 1) * rb && c.wait_ns > 0,
-                  "%s: stream counters ops=%llu bytes=%llu", what,
-                  (unsigned long long)c.read_ops, (unsigned long long)c.read_bytes);
+                  "%s: stream counters ops=%llu bytes=%llu", what, (unsigned long long)c.read_ops,
+                  (unsigned long long)c.read_bytes);
             kd_vecio_close(v);
         }
     }
