@@ -362,18 +362,28 @@ SAVER = textwrap.dedent("""
 
 def test_kill_at_random_moments_never_tears_the_target(tmp_path):
     """A child saves two indexes over one path in a loop; SIGKILL at random
-    moments. Every time, the target is one of the two, whole (every checksum
-    verified), never a mix or a prefix."""
+    moments, half of them while a save is writing (its temporary file exists;
+    at least those four must leave it behind). Every time, the target is one
+    of the two, whole (every checksum verified), never a mix or a prefix."""
     target = tmp_path / "index.kdx"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     rng = np.random.default_rng(7301)
     seen = set()
+    mid_write = 0   # kills that left a temporary file: the save was under way
     for i in range(8):
         child = subprocess.Popen([sys.executable, "-c", SAVER, str(target)],
                                  stdout=subprocess.PIPE, env=env)
         try:
             assert child.stdout.readline().strip() == b"ready"
             time.sleep(float(rng.uniform(0.0, 0.3)))
+            if i % 2:
+                # Every other kill waits for a save to be writing its
+                # temporary file (at a random point of the loop otherwise,
+                # the kill often lands between two saves).
+                deadline = time.monotonic() + 30
+                while not glob.glob(str(target) + ".tmp-*"):
+                    assert time.monotonic() < deadline, "no save seen under way"
+                    time.sleep(0.0002)
             child.send_signal(signal.SIGKILL)
             child.wait(30)
         finally:
@@ -381,6 +391,9 @@ def test_kill_at_random_moments_never_tears_the_target(tmp_path):
                 child.kill()
                 child.wait()
             child.stdout.close()
+        leftovers = glob.glob(str(target) + ".tmp-*")
+        assert len(leftovers) <= 1, leftovers
+        mid_write += bool(leftovers)
         got = kd.load(target)
         assert len(got) in (2000, 6000), len(got)
         seen.add(len(got))
@@ -388,6 +401,9 @@ def test_kill_at_random_moments_never_tears_the_target(tmp_path):
         o = open_quiet(target, "threads")
         assert o.verify() is True
         o.close()
-        for p in glob.glob(str(target) + ".tmp-*"):
+        for p in leftovers:
             os.unlink(p)
+    # What this test is about: kills that land while the target's
+    # replacement is being written (the temporary file is left behind).
+    assert mid_write >= 4, "only %d of 8 kills landed while a save was writing" % mid_write
     assert sorted(os.listdir(tmp_path)) == ["index.kdx"]
