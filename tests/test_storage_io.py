@@ -325,10 +325,11 @@ def test_chunks_are_large_and_bounded(big):
 
 @pytest.fixture(scope="module")
 def huge():
-    """An index of about 90 MB (16 vectors of 2**20 floats: a few graph
-    edges, cheap to build), whose load and save take long enough (>= 150 ms
-    on a loaded 2-core machine) to tell a released GIL from a held one."""
-    n, d = 16, 1 << 20
+    """An index of about 135 MB (24 vectors of 2**20 floats: a few graph
+    edges, cheap to build), whose load and save take long enough (about
+    150 ms and more on a busy 2-core machine) to tell a released GIL from a
+    held one."""
+    n, d = 24, 1 << 20
     x = np.empty((n, d), dtype=np.float32)
     x[:] = np.random.default_rng(9202).random(d, dtype=np.float32)
     x += np.arange(n, dtype=np.float32)[:, None]
