@@ -5,6 +5,9 @@ real embedding data, where 1-bit codes without a rotation fail badly).
 Ground truth: `brute_force()` computes the exact top-k in float64 with numpy.
 """
 import os
+import sys
+import threading
+import time
 import warnings
 
 import numpy as np
@@ -232,3 +235,62 @@ def open_quiet(path, backend="auto", **kw):
 @pytest.fixture(scope="session")
 def features():
     return kd.features()
+
+
+# --------------------------------------------------------------------------
+# the GIL
+# --------------------------------------------------------------------------
+
+def gil_stall(fn, attempts=3, min_seconds=0.0, enough=0.0):
+    """How much of fn()'s run another Python thread was kept from running.
+
+    A ticker thread appends time stamps as fast as it can while fn() runs on
+    this thread (with a 1 ms switch interval). For each attempt, the largest
+    gap between consecutive stamps inside fn's window (the window's edges
+    count as stamps) is divided by the window: a call that holds the GIL for
+    its whole run scores about 1.0, one that releases it scores the longest
+    scheduling hiccup of the ticker. Returns (best ratio, its window in
+    seconds, stamps inside it, fn's result of the last attempt); the best of
+    `attempts` rules out one unlucky preemption on a loaded machine, and a
+    call holding the GIL fails every attempt alike. Stops early at an attempt
+    scoring under `enough`. Fails the calling test if the window is shorter
+    than min_seconds (the call is too quick to tell).
+    """
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)
+    best = None
+    out = None
+    try:
+        for _ in range(attempts):
+            stamps, stop = [], threading.Event()
+
+            def tick():
+                append, now, stopped = stamps.append, time.perf_counter, stop.is_set
+                while not stopped():
+                    append(now())
+
+            t = threading.Thread(target=tick)
+            t.start()
+            time.sleep(0.02)
+            t0 = time.perf_counter()
+            try:
+                out = fn()
+            finally:
+                t1 = time.perf_counter()
+                stop.set()
+                t.join()
+            inside = [s for s in stamps if t0 < s < t1]
+            edges = [t0] + inside + [t1]
+            gap = max(b - a for a, b in zip(edges, edges[1:]))
+            took = t1 - t0
+            assert took >= min_seconds, (
+                "the call took %.3f s, under the %.3f s needed to tell a held GIL "
+                "from scheduling noise: make the test data larger" % (took, min_seconds))
+            cand = (gap / took, took, len(inside))
+            if best is None or cand[0] < best[0]:
+                best = cand
+            if best[0] < enough:
+                break
+    finally:
+        sys.setswitchinterval(old)
+    return best + (out,)

@@ -198,10 +198,26 @@ def test_bench_without_suite_says_so(monkeypatch, capsys):
     assert "benchmarks/run.py not found" in capsys.readouterr().err
 
 
-def test_console_script_entry_point():
-    assert cli.main is not None
+def test_console_script_entry_point(capsys):
+    """The `knndirect` script named in pyproject.toml resolves to cli.main,
+    which runs the command line in-process."""
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = os.path.join(os.path.dirname(__file__), os.pardir, "pyproject.toml")
+    if not os.path.exists(pyproject):
+        pytest.skip("no pyproject.toml beside the tests (installed package)")
+    with open(pyproject, "rb") as f:
+        target = tomllib.load(f)["project"]["scripts"]["knndirect"]
+    module, _, attr = target.partition(":")
+    assert getattr(__import__(module, fromlist=[attr]), attr) is cli.main
+    with pytest.raises(SystemExit) as ei:
+        cli.main(["--version"])
+    assert ei.value.code == 0
+    assert capsys.readouterr().out.strip() == "knndirect %s" % kd.__version__
+    missing = os.path.join(os.sep, "nonexistent", "x.kdx")
+    assert cli.main(["verify", missing]) == 1
+    assert missing in capsys.readouterr().err
     p = run("--version")
-    assert kd.__version__ in p.stdout
+    assert p.stdout.strip() == "knndirect %s" % kd.__version__
 
 
 def _default_sigint():

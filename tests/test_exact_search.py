@@ -112,7 +112,8 @@ def test_filter_selectivity(indexes, data, selectivity, where):
     if selectivity <= 0.01:
         assert st["exact_queries"] == NQ, "a tight filter should be answered by an exact scan"
     if selectivity >= 0.5:
-        assert st["exact_queries"] < NQ, "a loose filter should use the graph"
+        # Every query by the graph: none chosen or fallen back to exact.
+        assert st["exact_queries"] == 0, "a loose filter should use the graph"
     if where == "disk":
         idx.close()
 

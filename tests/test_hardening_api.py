@@ -15,7 +15,7 @@ import pytest
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not installed "
                                  "(pip install -e '.[test]')")
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, event, given, settings, strategies as st  # noqa: E402
 
 import knndirect as kd  # noqa: E402
 from conftest import (assert_exact_match, assert_rows_sorted, missing_value,  # noqa: E402
@@ -147,7 +147,14 @@ def test_random_api_use(case):
         unknown = rng.integers(INT64_MIN, INT64_MAX, size=3, endpoint=True)
         allowed = np.concatenate([pick, unknown])
         kw["filter"] = allowed
+    idx.stats(reset=True)
     D, I = idx.search(q, case["k"], **kw)
+    if case["mode"] == "filter" and case["q"].shape[0]:
+        # Which path the cost model took (--hypothesis-show-statistics): at
+        # these sizes (80 vectors at most) nearly always the exact scan; the
+        # filtered graph search is covered by test_remove_filter.py.
+        event("filter answered by %s" % ("an exact scan" if idx.stats()["exact_queries"]
+                                         else "the graph"))
     _check_result(D, I, case, live_ids, live_x, allowed)
     if case["mode"] == "exact" and len(live_ids) and case["q"].shape[0]:
         assert_exact_match(np.atleast_2d(D), np.atleast_2d(I), live_x, np.atleast_2d(case["q"]),

@@ -17,7 +17,7 @@ import pytest
 
 import knndirect as kd
 from knndirect import _core
-from conftest import clustered, open_quiet
+from conftest import clustered, gil_stall, open_quiet
 
 DIM = 24
 
@@ -196,30 +196,6 @@ def test_remove_is_final_for_searches_that_start_after_it():
 # ------------------------------------------------------------------ the GIL
 
 
-def _longest_pause(fn):
-    """Run fn on this thread while a ticker thread counts; return (seconds fn
-    took, the longest stretch in which the ticker could not run, ticks)."""
-    stamps = []
-    stop = threading.Event()
-
-    def tick():
-        append, now = stamps.append, time.perf_counter
-        while not stop.is_set():
-            append(now())
-
-    t = threading.Thread(target=tick)
-    t.start()
-    time.sleep(0.05)
-    t0 = time.perf_counter()
-    fn()
-    t1 = time.perf_counter()
-    stop.set()
-    t.join()
-    inside = [s for s in stamps if t0 <= s <= t1]
-    edges = [t0] + inside + [t1]
-    return t1 - t0, max(b - a for a, b in zip(edges, edges[1:])), len(inside)
-
-
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
     x = clustered(20000, 64, seed=7420)
@@ -239,28 +215,28 @@ def test_gil_released_during_long_calls(big, call, tmp_path):
     if call == "add":
         scratch = kd.Index(64, "l2", m=6, ef_construction=24)
         scratch.add(x[:2000], threads=1)
-        fn = lambda: scratch.add(x[2000:20000], threads=1)
+        fn = lambda: scratch.add(x[2000:10000], threads=1)   # new ids at each attempt
     elif call in ("search", "exact"):
         exact = call == "exact"
-        q = x[np.random.default_rng(1).integers(0, 20000, size=1000 if exact else 3000)]
+        q = x[np.random.default_rng(1).integers(0, 20000, size=3000)]
         fn = lambda: idx.search(q, 10, exact=exact, threads=1)
     elif call == "get_vectors":
         o = open_quiet(path, "pread")
-        ids = np.random.default_rng(2).integers(0, 10000, size=30000)
+        ids = np.random.default_rng(2).integers(0, 10000, size=8000)
         fn = lambda: o.get_vectors(ids)
     elif call == "save":
         target = str(tmp_path / "copy.kdx")
         _core._inject_fault("slow_write", 0, -1)
         fn = lambda: idx.save(target)
     try:
-        took, pause, ticks = _longest_pause(fn)
+        stall, took, ticks, _ = gil_stall(fn, min_seconds=0.05, enough=0.25)
     finally:
         _core._inject_fault("none")
     if call == "get_vectors":
         o.close()
-    assert ticks > 10, "the ticker never ran during %s (%.2f s)" % (call, took)
-    assert pause < max(0.15, 0.5 * took), (
-        "%s: the ticker was stopped for %.3f s of %.3f s (GIL held?)" % (call, pause, took))
+    assert stall < 0.25, (
+        "%s: the ticker was stopped for %.0f%% of the %.3f s call (%d ticks): GIL held?"
+        % (call, 100 * stall, took, ticks))
 
 
 # ------------------------------------------------------------- processes

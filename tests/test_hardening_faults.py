@@ -52,6 +52,25 @@ def saved(tmp_path_factory):
     return path, base, queries
 
 
+@pytest.fixture(scope="module")
+def saved_large(tmp_path_factory):
+    """An index whose vector section (18 MB) is streamed in several reads:
+    the exact scan (3 to 18 reads by backend), verify and the save of an
+    opened index (5 reads of 4 MiB each). On `saved` (0.8 MB) each of these
+    is a single read, and a fault after the first could never fire."""
+    base, queries = split(1100, 16, 4096, seed=7101)
+    path = str(tmp_path_factory.mktemp("faults_large") / "index.kdx")
+    idx = kd.Index(4096, "l2", m=4, ef_construction=8)
+    idx.add(base)
+    idx.save(path)
+    idx.close()
+    return path, base, queries
+
+
+# The calls that stream the whole vector section rather than read records.
+STREAMING = ("exact", "save", "verify")
+
+
 def _open(path, backend, **kw):
     if backend == "io_uring" and not has_io_uring():
         pytest.skip("io_uring is not available here")
@@ -72,11 +91,11 @@ def _exact(o, q):
 
 
 def _filtered(o, q):
-    return o.search(q, K, filter=np.arange(0, N, 7))
+    return o.search(q, K, filter=np.arange(0, len(o), 7))
 
 
 def _get_vectors(o, q):
-    return o.get_vectors(np.arange(0, N, 3))
+    return o.get_vectors(np.arange(0, len(o), 3))
 
 
 def _verify(o, q):
@@ -93,35 +112,42 @@ CALLS = {"search": _search, "single": _search_one_by_one, "exact": _exact,
 
 
 def _reference(o, queries):
-    return o.search(queries, K), o.get_vectors(np.arange(0, N, 3)).copy()
+    return o.search(queries, K), o.get_vectors(np.arange(0, len(o), 3)).copy()
 
 
 def _still_works(o, queries, ref):
     assert_same_results(o.search(queries, K), ref[0])
-    assert np.array_equal(o.get_vectors(np.arange(0, N, 3)), ref[1])
+    assert np.array_equal(o.get_vectors(np.arange(0, len(o), 3)), ref[1])
     assert o.verify() is True
 
 
 @pytest.mark.parametrize("backend", DISK_BACKENDS)
 @pytest.mark.parametrize("kind", ["eio", "eof"])
 @pytest.mark.parametrize("call", sorted(CALLS))
-def test_read_fault_raises_oserror_naming_the_file(saved, backend, kind, call):
-    path, base, queries = saved
+def test_read_fault_raises_oserror_naming_the_file(request, backend, kind, call):
+    """A fault at the first read, the third and (streams) the last: each
+    fires (the hook counts it) and raises OSError naming the file, and the
+    index works again once the fault is gone."""
+    path, base, queries = request.getfixturevalue(
+        "saved_large" if call in STREAMING else "saved")
     o = _open(path, backend)
     try:
         ref = _reference(o, queries)
-        for after in (0, 2):
+        # How many reads the call makes: armed far past them, nothing fires.
+        _core._inject_fault(kind, 10 ** 9, 1)
+        CALLS[call](o, queries)
+        fired, seen = _core._inject_fault("none")
+        assert fired == 0
+        assert seen >= 3, "%s reads only %d times: a fault after 2 cannot fire" % (call, seen)
+        afters = (0, 2, seen - 1) if call in STREAMING else (0, 2)
+        for after in afters:
             _core._inject_fault(kind, after, 1)
-            try:
+            with pytest.raises(OSError) as ei:
                 CALLS[call](o, queries)
-            except OSError as e:
-                assert e.errno == errno.EIO, e
-                assert path in str(e), "the message must name the file: %s" % e
-            else:
-                # The call made fewer reads than `after`: nothing was injected.
-                assert _clear() == 0, "a fault went unreported"
-                continue
-            assert _clear() == 1
+            fired = _clear()
+            assert fired == 1, "after=%d of %d reads: %d faults fired" % (after, seen, fired)
+            assert ei.value.errno == errno.EIO, ei.value
+            assert path in str(ei.value), "the message must name the file: %s" % ei.value
             _still_works(o, queries, ref)
     finally:
         o.close()
@@ -336,18 +362,28 @@ SAVER = textwrap.dedent("""
 
 def test_kill_at_random_moments_never_tears_the_target(tmp_path):
     """A child saves two indexes over one path in a loop; SIGKILL at random
-    moments. Every time, the target is one of the two, whole (every checksum
-    verified), never a mix or a prefix."""
+    moments, half of them while a save is writing (its temporary file exists;
+    at least those four must leave it behind). Every time, the target is one
+    of the two, whole (every checksum verified), never a mix or a prefix."""
     target = tmp_path / "index.kdx"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     rng = np.random.default_rng(7301)
     seen = set()
-    for _ in range(8):
+    mid_write = 0   # kills that left a temporary file: the save was under way
+    for i in range(8):
         child = subprocess.Popen([sys.executable, "-c", SAVER, str(target)],
                                  stdout=subprocess.PIPE, env=env)
         try:
             assert child.stdout.readline().strip() == b"ready"
             time.sleep(float(rng.uniform(0.0, 0.3)))
+            if i % 2:
+                # Every other kill waits for a save to be writing its
+                # temporary file (at a random point of the loop otherwise,
+                # the kill often lands between two saves).
+                deadline = time.monotonic() + 30
+                while not glob.glob(str(target) + ".tmp-*"):
+                    assert time.monotonic() < deadline, "no save seen under way"
+                    time.sleep(0.0002)
             child.send_signal(signal.SIGKILL)
             child.wait(30)
         finally:
@@ -355,6 +391,9 @@ def test_kill_at_random_moments_never_tears_the_target(tmp_path):
                 child.kill()
                 child.wait()
             child.stdout.close()
+        leftovers = glob.glob(str(target) + ".tmp-*")
+        assert len(leftovers) <= 1, leftovers
+        mid_write += bool(leftovers)
         got = kd.load(target)
         assert len(got) in (2000, 6000), len(got)
         seen.add(len(got))
@@ -362,6 +401,9 @@ def test_kill_at_random_moments_never_tears_the_target(tmp_path):
         o = open_quiet(target, "threads")
         assert o.verify() is True
         o.close()
-        for p in glob.glob(str(target) + ".tmp-*"):
+        for p in leftovers:
             os.unlink(p)
+    # What this test is about: kills that land while the target's
+    # replacement is being written (the temporary file is left behind).
+    assert mid_write >= 4, "only %d of 8 kills landed while a save was writing" % mid_write
     assert sorted(os.listdir(tmp_path)) == ["index.kdx"]

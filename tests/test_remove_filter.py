@@ -186,10 +186,19 @@ def test_filter_exact_equals_brute_force_on_subset(shared, data, metric, frac):
 @pytest.mark.parametrize("metric", METRICS)
 @pytest.mark.parametrize("frac", [0.5, 0.1, 0.01])
 def test_filter_graph_search_honours_filter(shared, data, metric, frac):
+    """Without exact=True. At this size (1bit, d=128: shortlist 200, m=16)
+    the cost model searches the graph at 50% (graph 1480 vs scan 2500) and
+    scans at 10% and 1%: the path taken is checked, so that this test is
+    known to cover what it covers (the graph at lower selectivities, with
+    removed ids: test_filtered_graph_search_with_removed_ids)."""
     base, queries = data
     rng = np.random.default_rng(int(frac * 1000) + 1)
     allowed = rng.choice(N, size=int(N * frac), replace=False)
+    shared[metric].stats(reset=True)
     D, I = shared[metric].search(queries, K, filter=allowed)
+    st = shared[metric].stats()
+    assert st["queries"] == NQ
+    assert st["exact_queries"] == (0 if frac == 0.5 else NQ), (frac, st["exact_queries"])
     assert np.isin(I, allowed).all(), "a result outside the filter was returned"
     _, gtI = brute_force(base[np.sort(allowed)], queries, K, metric, ids=np.sort(allowed))
     r = recall_at_k(I, gtI)
@@ -254,3 +263,101 @@ def test_filter_on_opened_index(shared, data, tmp_path_factory, backend):
         np.testing.assert_array_equal(o.search(queries, K, filter=allowed)[1], exp[1])
     finally:
         o.close()
+
+
+# ------------------------------------------------- filtered graph search
+#
+# The engine answers a filtered query by graph search unless an exact scan of
+# the allowed vectors looks cheaper (prefer_exact in csrc/index.c): with
+# sel = allowed live / live and E = max(ef, k * oversample), the graph costs
+# 0.1 * E * 2m / sel + E, the scan (allowed live) * (4 on disk, 1 in memory).
+# The cases below sit well inside the graph side (m=8, n=12000, 10% removed):
+#   1bit (oversample 20, E=200): 50% in memory: 840 vs 5400; 20% on disk:
+#       1800 vs 4 * 2160;
+#   8bit (oversample 2, E=64): 50% in memory: 269 vs 5400; 20% in memory:
+#       576 vs 2160; 5% on disk with ef=32: 1056 vs 4 * 540.
+# stats() proves the path: a graph answer counts in "queries" and
+# "rerank_vectors" and not in "exact_queries" (an exact scan, chosen or
+# fallen back to when the filter starves the beam, counts there).
+
+FN, FNQ, FD = 12000, 40, 32
+
+
+@pytest.fixture(scope="module")
+def filtered(tmp_path_factory):
+    base, queries = split(FN, FNQ, FD, seed=9010)
+    rng = np.random.default_rng(9011)
+    gone = np.sort(rng.choice(FN, FN // 10, replace=False))
+    live = np.setdiff1d(np.arange(FN), gone)
+    out = {}
+    for quant in ("1bit", "8bit"):
+        index = kd.Index(FD, "l2", m=8, ef_construction=64, quantization=quant)
+        index.add(base)
+        index.remove(gone)
+        path = tmp_path_factory.mktemp("fgraph") / (quant + ".kdx")
+        index.save(path)
+        out[quant] = {"memory": index, "disk": open_quiet(path)}
+    yield base, queries, gone, live, out
+    for pair in out.values():
+        for index in pair.values():
+            index.close()
+
+
+def _allowed(sel, seed):
+    """sel * FN filter ids drawn over all ids: removed ones included."""
+    rng = np.random.default_rng(seed)
+    return rng.choice(FN, int(FN * sel), replace=False)
+
+
+def _counted(index, **search):
+    index.stats(reset=True)
+    D, I = index.search(**search)
+    return D, I, index.stats()
+
+
+@pytest.mark.parametrize("quant, where, sel, ef", [
+    ("1bit", "memory", 0.5, None),
+    ("1bit", "disk", 0.2, None),
+    ("8bit", "memory", 0.5, None),
+    ("8bit", "memory", 0.2, None),
+    ("8bit", "disk", 0.05, 32),
+])
+def test_filtered_graph_search_with_removed_ids(filtered, quant, where, sel, ef):
+    base, queries, gone, live, indexes = filtered
+    index = indexes[quant][where]
+    allowed = _allowed(sel, seed=int(sel * 1000) + (quant == "8bit"))
+    ok = np.intersect1d(allowed, live)                 # what may come back
+    assert len(np.intersect1d(allowed, gone)) > 0      # removed ids inside the filter
+    assert len(np.setdiff1d(gone, allowed)) > 0        # and outside it
+    kw = {} if ef is None else {"ef": ef}
+
+    D, I, st = _counted(index, queries=queries, k=K, filter=allowed, **kw)
+    assert st["queries"] == FNQ
+    assert st["exact_queries"] == 0, (
+        "%d of %d queries were answered by an exact scan: the graph path did not run "
+        "(cost model or a starved beam)" % (st["exact_queries"], FNQ))
+    assert st["rerank_vectors"] >= FNQ * K
+    assert np.isin(I, ok).all(), (
+        "results outside the filter or removed: %s"
+        % sorted(set(I[~np.isin(I, ok)].tolist()))[:10])
+    _, gtI = brute_force(base[ok], queries, K, "l2", ids=ok)
+    r = recall_at_k(I, gtI)
+    assert r >= 0.9, "filtered graph recall %.3f (%s, %s, %.0f%%)" % (r, quant, where, 100 * sel)
+
+    D, I, st = _counted(index, queries=queries, k=K, filter=allowed, exact=True)
+    assert st["exact_queries"] == FNQ
+    assert np.isin(I, ok).all()
+    assert_exact_match(D, I, base[ok], queries, "l2", ids=ok)
+
+
+@pytest.mark.parametrize("where", ["memory", "disk"])
+def test_filter_of_one_percent_takes_the_exact_scan(filtered, where):
+    """The other side of the cost model: 120 allowed ids of 10800 live are
+    scanned, not searched (8bit: 0.1 * 64 * 16 / 0.01 + 64 = 10304 vs 108 or
+    4 * 108), and the answer is exact."""
+    base, queries, gone, live, indexes = filtered
+    allowed = _allowed(0.01, seed=77)
+    ok = np.intersect1d(allowed, live)
+    D, I, st = _counted(indexes["8bit"][where], queries=queries, k=K, filter=allowed)
+    assert st["exact_queries"] == FNQ and st["rerank_vectors"] == 0
+    assert_exact_match(D, I, base[ok], queries, "l2", ids=ok)

@@ -184,19 +184,39 @@ def test_progress_callable_reports_total():
     index.close()
 
 
-def test_progress_cancel_stops_add():
+@pytest.mark.parametrize("stop_at", [1, 3])
+def test_progress_cancel_stops_add(stop_at):
+    """progress() returning False cancels the rest of the add: no exception,
+    the chunks already added stay (1000 rows each), the others are not there,
+    and the index answers over exactly what it holds."""
     base = clustered(5000, 16, seed=8005)
+    before = clustered(500, 16, seed=8008)
     index = kd.Index(16, "l2")
-    try:
-        index.add(base, progress=lambda done, total: False)
-    except (KeyboardInterrupt, Exception):
-        pass  # raising on cancel is acceptable; so is returning early
-    # The add stopped early, and the index is still usable.
-    n = len(index)
-    assert 0 <= n < 5000, "returning False from progress did not cancel the add"
-    D, I = index.search(base[:3], 5)
-    assert I.shape == (3, 5)
-    assert ((I >= 0).sum(axis=1) == min(5, n)).all()
+    index.add(before)                     # ids 0..499, there before the add
+    calls = []
+
+    def progress(done, total):
+        calls.append((done, total))
+        return len(calls) < stop_at
+
+    assert index.add(base, progress=progress) is None   # ids 500..5499
+    kept = 1000 * stop_at
+    assert calls == [(1000 * (j + 1), 5000) for j in range(stop_at)]
+    assert len(index) == 500 + kept
+    has = index._core.contains
+    assert has(np.arange(500 + kept)).all()
+    assert not has(np.arange(500 + kept, 5500)).any()
+    held = np.concatenate([before, base[:kept]])
+    ids = np.arange(500 + kept)
+    q = clustered(20, 16, seed=8007)
+    D, I = index.search(q, 5, exact=True)
+    assert_exact_match(D, I, held, q, "l2", ids=ids)
+    D, I = index.search(q, 5)
+    assert np.isin(I, ids).all()
+    np.testing.assert_array_equal(index.get_vectors(ids), held)
+    # The cancelled rows can be added afterwards: nothing of them is left over.
+    index.add(base[kept:])
+    assert len(index) == 5500 and has(np.arange(5500)).all()
     index.close()
 
 

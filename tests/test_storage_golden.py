@@ -85,11 +85,15 @@ def test_golden_answers(path, how):
         D, I = index.search(q, K, ef=live, oversample=live / K)
         np.testing.assert_array_equal(I, e["full_I"])
         np.testing.assert_allclose(D, e["full_D"], rtol=1e-5, atol=1e-5)
-        # Default search: the graph and codes work (the answer may move with
-        # the search heuristics, so only its quality is checked).
+        # Default search, through the stored graph and codes: at these sizes
+        # (300 and 500 vectors, the shortlist 5 to 20 times k, the top-k
+        # distances of each query well separated: make_golden.py) the
+        # reranked shortlist holds the whole exact top-k, so the answer is
+        # the exact one, order included. A damaged graph or code section
+        # would lose neighbours.
         D, I = index.search(q, K)
-        hits = sum(len(set(a) & set(b)) for a, b in zip(I.tolist(), e["exact_I"].tolist()))
-        assert hits / e["exact_I"].size >= 0.8
+        np.testing.assert_array_equal(I, e["exact_I"])
+        np.testing.assert_allclose(D, e["exact_D"], rtol=1e-5, atol=1e-5)
         removed = set(e["removed"].tolist())
         assert not removed & set(I.ravel().tolist())
         # Stored vectors come back bit for bit (cosine included).

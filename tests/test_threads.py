@@ -48,10 +48,14 @@ def _identical(a, b):
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"exact": True}, {"rerank": False},
-                                    {"filter": np.arange(0, N, 3)}])
+                                    {"filter": np.arange(0, N, 2)}])
 def test_threads_1_vs_2_identical(index, data, kwargs):
     base, queries = data
+    index.stats(reset=True)
     a = index.search(queries, K, threads=1, **kwargs)
+    # The filtered case runs the filtered graph search (half the ids allowed:
+    # graph cost 0.1 * 200 * 32 / 0.5 + 200 = 1480 < 3000 allowed), not the scan.
+    assert index.stats()["exact_queries"] == (NQ if kwargs.get("exact") else 0)
     b = index.search(queries, K, threads=2, **kwargs)
     c = index.search(queries, K, **kwargs)  # default: all cores
     _identical(a, b)
