@@ -264,8 +264,7 @@ def gil_stall(fn, attempts=3, min_seconds=0.0, enough=0.0):
         for _ in range(attempts):
             stamps, stop = [], threading.Event()
 
-            def tick():
-                append, now, stopped = stamps.append, time.perf_counter, stop.is_set
+            def tick(append=stamps.append, stopped=stop.is_set, now=time.perf_counter):
                 while not stopped():
                     append(now())
 

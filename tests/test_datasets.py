@@ -215,34 +215,36 @@ def test_recall_at_k_minus_one_is_never_a_hit():
     assert datasets.recall_at_k([[-1, -1]], [[1, 2]], 2) == 0.0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "recall_at_k counts a -1 in the results against a -1 in the truth as a hit "
-    "(datasets.py: the set intersection keeps -1); needs -1 dropped from both sets"))
 def test_recall_at_k_minus_one_matches_no_missing_truth():
     # Truth padded with -1 (fewer true neighbours than k): a missing result
-    # does not "find" the padding.
+    # does not "find" the padding, and the padding is not a neighbour to find.
     assert datasets.recall_at_k([[-1, 7]], [[1, -1]], 2) == 0.0
+    assert datasets.recall_at_k([[1, -1]], [[1, -1]], 2) == 1.0
+    assert datasets.recall_at_k([[1, 5], [2, 3]], [[1, -1], [2, 4]], 2) == pytest.approx(2 / 3)
+
+
+def test_recall_at_k_truth_narrower_than_k():
+    # Data with fewer than k vectors: ground_truth clips its columns to n.
+    assert datasets.recall_at_k([[4, 9, -1]], [[9, 4]], 3) == 1.0
+    assert datasets.recall_at_k([[4, 7, -1]], [[9, 4]], 3) == 0.5
 
 
 def test_recall_at_k_rejects_one_dimensional_input():
-    with pytest.raises((ValueError, IndexError)):
+    with pytest.raises(ValueError, match="2-D"):
         datasets.recall_at_k([1, 2, 3], [[1, 2, 3]], 3)
-    with pytest.raises((ValueError, IndexError)):
+    with pytest.raises(ValueError, match="2-D"):
         datasets.recall_at_k([[1, 2, 3]], [1, 2, 3], 3)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "recall_at_k silently zips rows and slices columns: found/truth with different row "
-    "counts or fewer than k columns give a number; needs a ValueError"))
-@pytest.mark.parametrize("found, truth", [
-    ([[1, 2]], [[1, 2], [3, 4]]),        # fewer result rows than queries
-    ([[1, 2], [3, 4]], [[1, 2]]),        # more result rows than queries
-    ([[1]], [[1, 2]]),                   # results narrower than k
-    ([[1, 2]], [[1]]),                   # truth narrower than k
+@pytest.mark.parametrize("found, truth, k, words", [
+    ([[1, 2]], [[1, 2], [3, 4]], 2, "1 rows but truth has 2"),   # fewer result rows
+    ([[1, 2], [3, 4]], [[1, 2]], 2, "2 rows but truth has 1"),   # more result rows
+    ([[1]], [[1, 2]], 2, "fewer than k = 2"),                    # results narrower than k
+    ([[1, 2]], [[1, 2]], 0, "k must be at least 1"),
 ])
-def test_recall_at_k_rejects_mismatched_shapes(found, truth):
-    with pytest.raises(ValueError):
-        datasets.recall_at_k(found, truth, 2)
+def test_recall_at_k_rejects_mismatched_shapes(found, truth, k, words):
+    with pytest.raises(ValueError, match=words):
+        datasets.recall_at_k(found, truth, k)
 
 
 # -- HDF5 ---------------------------------------------------------------------

@@ -323,21 +323,45 @@ def ground_truth(data, queries, k, metric="l2", *, block=4096):
 
 
 def recall_at_k(found, truth, k=10):
-    """Mean fraction of the true top-k ids found in the first k results.
+    """Fraction of the true top-k ids found in the first k results, over all
+    queries together.
 
     Parameters
     ----------
     found : array_like of int, shape (nq, >= k)
-        Result ids, e.g. the I of ``Index.search``.
-    truth : array_like of int, shape (nq, >= k)
-        True neighbour ids, best first.
+        Result ids, e.g. the I of ``Index.search``. A missing result (-1)
+        finds nothing.
+    truth : array_like of int, shape (nq, w)
+        True neighbour ids, best first; the first min(k, w) columns count.
+        Fewer than k columns (data with fewer than k vectors) and -1 padding
+        are allowed: only real ids are counted.
     k : int
 
     Returns
     -------
-    float in [0, 1]
+    float in [0, 1]: hits / real true ids (1.0 when there are none).
+
+    Raises
+    ------
+    ValueError
+        found or truth is not 2-D, their row counts differ, found has fewer
+        than k columns, or k < 1.
     """
-    found = np.asarray(found)[:, :k]
-    truth = np.asarray(truth)[:, :k]
-    hits = sum(len(set(f.tolist()) & set(t.tolist())) for f, t in zip(found, truth))
-    return hits / float(truth.size)
+    found = np.asarray(found)
+    truth = np.asarray(truth)
+    if found.ndim != 2 or truth.ndim != 2:
+        raise ValueError(f"found and truth must be 2-D (queries x ids), got shapes "
+                         f"{found.shape} and {truth.shape}")
+    if len(found) != len(truth):
+        raise ValueError(f"found has {len(found)} rows but truth has {len(truth)}")
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    if found.shape[1] < k:
+        raise ValueError(f"found has {found.shape[1]} columns, fewer than k = {k}")
+    hits = total = 0
+    for f, t in zip(found[:, :k].tolist(), truth[:, :k].tolist()):
+        got = set(f)
+        real = [i for i in t if i >= 0]
+        total += len(real)
+        hits += sum(i in got for i in real)
+    return hits / total if total else 1.0
