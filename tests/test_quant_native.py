@@ -1,7 +1,8 @@
-"""Runs the C test of the 1-bit estimators (tests/c/test_quant.c): every
-variant this CPU has returns estimates bit-identical to the scalar reference,
-which tracks the true distances. It needs a C compiler; it skips, saying why,
-without one."""
+"""Runs the C test of the 1-bit estimators and the distance kernels
+(tests/c/test_quant.c): every estimator variant this CPU has returns estimates
+bit-identical to the scalar reference, which tracks the true distances, and
+every kernel variant (AVX2, AVX-512) agrees with the scalar kernels. It needs
+a C compiler; it skips, saying why, without one."""
 import os
 import shutil
 import subprocess
@@ -27,6 +28,12 @@ def test_estimators_match_scalar_reference(tmp_path):
     r = subprocess.run([exe], capture_output=True, text=True, timeout=300)
     lines = r.stdout.strip().splitlines()
     assert r.returncode == 0 and lines and lines[-1].endswith(" 0 failed"), r.stdout + r.stderr
-    # What ran: a variant the CPU lacks is reported, not silently passed.
+    # What ran: a variant the CPU lacks is reported, not silently passed, and
+    # every kernel variant that kd.features() reports ran.
     for line in lines[:-1]:
-        assert line.startswith("skip "), line
+        assert line.startswith(("skip ", "ran ")), line
+    import knndirect as kd
+    feats = kd.features()
+    for name in ("avx2", "avx512"):
+        ran = f"ran {name} kernels:" in r.stdout
+        assert ran == bool(feats[name]), (name, feats, r.stdout)

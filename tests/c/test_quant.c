@@ -1,12 +1,18 @@
-/* test_quant.c — the 1-bit estimators against their scalar reference.
+/* test_quant.c — the 1-bit estimators and the distance kernels against their
+ * scalar references.
  *
- * Every variant that this CPU has must return bit-identical estimates (they
- * add the same integer popcounts); the reference itself must track the true
- * distances. Dims cover each chunk path of the SIMD variants (256, 128 and
- * 64-bit pieces). Run by tests/test_quant_native.py, or:
+ * Every estimator variant that this CPU has must return bit-identical
+ * estimates (they add the same integer popcounts); the reference itself must
+ * track the true distances. Dims cover each chunk path of the SIMD variants
+ * (256, 128 and 64-bit pieces). Every distance kernel variant (AVX2,
+ * AVX-512) must agree with the scalar one up to the rounding of a different
+ * summation order, and its Walsh-Hadamard transform bit for bit. A variant
+ * this CPU lacks prints "skip ..."; one that ran prints "ran ...".
+ * Run by tests/test_quant_native.py, or:
  *   gcc -O2 -g -std=c11 -Icsrc csrc/common.c csrc/distance.c csrc/quant.c \
  *       tests/c/test_quant.c -lpthread -lm -o /tmp/test_quant && /tmp/test_quant */
 #include "check.h"
+#include "distance.h"
 #include "quant.h"
 
 #include <math.h>
@@ -93,8 +99,83 @@ out_free:
     free(query);
 }
 
+/* Agreement of a float sum with its reference, given the sum of the
+ * magnitudes of its terms: only the order of the additions may differ. */
+static int close_sum(float got, float ref, double magnitude)
+{
+    return fabs((double)got - ref) <= 1e-5 * magnitude + 1e-30;
+}
+
+static void kernel_variant(const char *name)
+{
+    const struct kd_kernels *ref = kd_kernels_named("scalar"), *k = kd_kernels_named(name);
+    if (!k) {
+        printf("skip %s kernels: this CPU or build lacks it\n", name);
+        return;
+    }
+    /* Lengths around every vector width and tail length of the variants. */
+    const size_t dims[] = {1,  3,  7,  8,  9,   15,  16,  17,  31,  32,
+                           33, 63, 64, 65, 100, 128, 384, 769, 1024};
+    const size_t maxd = 1024;
+    float *a = malloc(maxd * sizeof(float)), *q[4];
+    for (int j = 0; j < 4; j++)
+        q[j] = malloc(maxd * sizeof(float));
+    size_t checked = 0;
+    for (size_t t = 0; t < sizeof dims / sizeof *dims; t++) {
+        size_t d = dims[t];
+        for (size_t i = 0; i < d; i++) {
+            a[i] = 4 * uniform();
+            for (int j = 0; j < 4; j++)
+                q[j][i] = 4 * uniform() + (float)j;
+        }
+        double mag_l2 = 0, mag_dot = 0, mag_xx = 0;
+        for (size_t i = 0; i < d; i++) {
+            mag_l2 += ((double)a[i] - q[0][i]) * ((double)a[i] - q[0][i]);
+            mag_dot += fabs((double)a[i] * q[0][i]);
+            mag_xx += (double)a[i] * a[i];
+        }
+        float r = ref->l2sq(a, q[0], d), g = k->l2sq(a, q[0], d);
+        CHECK(close_sum(g, r, mag_l2), "%s l2sq d=%zu: %.9g vs scalar %.9g", name, d, g, r);
+        r = ref->dot(a, q[0], d), g = k->dot(a, q[0], d);
+        CHECK(close_sum(g, r, mag_dot), "%s dot d=%zu: %.9g vs scalar %.9g", name, d, g, r);
+        const float *const qs[4] = {q[0], q[1], q[2], q[3]};
+        float ro[4], go[4], rxx, gxx;
+        ref->dot4(qs, a, d, ro, &rxx);
+        k->dot4(qs, a, d, go, &gxx);
+        CHECK(close_sum(gxx, rxx, mag_xx), "%s dot4 |x|^2 d=%zu", name, d);
+        for (int j = 0; j < 4; j++) {
+            double m = 0, m2 = 0;
+            for (size_t i = 0; i < d; i++) {
+                m += fabs((double)a[i] * q[j][i]);
+                m2 += ((double)a[i] - q[j][i]) * ((double)a[i] - q[j][i]);
+            }
+            CHECK(close_sum(go[j], ro[j], m), "%s dot4[%d] d=%zu: %.9g vs %.9g", name, j, d, go[j],
+                  ro[j]);
+            ref->l2sq4(qs, a, d, ro);
+            k->l2sq4(qs, a, d, go);
+            CHECK(close_sum(go[j], ro[j], m2), "%s l2sq4[%d] d=%zu: %.9g vs %.9g", name, j, d,
+                  go[j], ro[j]);
+        }
+        checked++;
+    }
+    for (size_t n = 1; n <= maxd; n <<= 1) {
+        for (size_t i = 0; i < n; i++)
+            a[i] = q[0][i] = uniform();
+        ref->fwht(a, n);
+        k->fwht(q[0], n);
+        CHECK(memcmp(a, q[0], n * sizeof(float)) == 0, "%s fwht n=%zu differs from scalar", name,
+              n);
+    }
+    printf("ran %s kernels: %zu lengths, fwht up to %zu\n", name, checked, maxd);
+    free(a);
+    for (int j = 0; j < 4; j++)
+        free(q[j]);
+}
+
 int main(void)
 {
+    kernel_variant("avx2");
+    kernel_variant("avx512");
     const uint32_t dims[] = {1, 17, 64, 100, 192, 384, 769, 1024};
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) {
         one_case(dims[i], KD_L2);
