@@ -5,8 +5,8 @@ Index.verify() finds it; a bad argument raises a plain ValueError that is not
 one. CorruptIndexError is a ValueError, so code that caught ValueError for a
 damaged file keeps working.
 
-The offsets of the container's parts come from a small parse of the file's
-tail and section table here (layout: csrc/format.h)."""
+The offsets of the container's parts come from knndirect._container, the
+one Python reader of the layout (csrc/format.h)."""
 import io
 import os
 import pickle
@@ -17,35 +17,21 @@ import pytest
 
 import knndirect as kd
 from conftest import build, open_quiet, split
+from knndirect import _container as container
 
-BLOCK = 4096
-HEADER = 64
-TAIL = 32
-ENTRY = 32
+BLOCK = container.BLOCK
+HEADER = container.HEADER_BYTES
+TAIL = container.TAIL_BYTES
+ENTRY = container.ENTRY_BYTES
 CorruptIndexError = kd.CorruptIndexError
-
-SECTION_NAMES = {1: "metadata", 2: "ids", 3: "tombstones", 4: "codes", 5: "graph levels",
-                 6: "graph level 0", 7: "graph upper levels", 8: "vectors"}
+SECTION_NAMES = container.SECTION_TITLES
+crc32c = container.crc32c
 
 
 def table(blob):
-    """([(id, offset, length)], table offset) from the file's tail."""
-    toff, n = struct.unpack_from("<QI", blob, len(blob) - TAIL)
-    secs = []
-    for i in range(n):
-        sid, _, off, length, _, _ = struct.unpack_from("<IIQQII", blob, toff + ENTRY * i)
-        secs.append((sid, off, length))
-    return secs, toff
-
-
-def crc32c(data):
-    """CRC-32C (Castagnoli), bit by bit: enough for a header or a table."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
+    """([(id, offset, length)], table offset) of a well-formed file."""
+    layout = container.read_layout(blob)
+    return [(s.id, s.offset, s.length) for s in layout], layout.table_offset
 
 
 def with_version(blob, version):
