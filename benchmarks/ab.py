@@ -2,6 +2,7 @@
 on-disk search, on the same data in one run.
 
     python benchmarks/ab.py --base REV [--head REV] [--n 100000] [--dim 128] [--rounds 5]
+    python benchmarks/ab.py --report RUN.json     # the table of a saved run
 
 Each revision is exported from git (`--head` defaults to the working tree as
 it is, uncommitted changes included) and its extension built out of tree
@@ -11,7 +12,9 @@ drift of a shared, noisy machine falls on both sides alike. Every process
 builds an index (threads=2), saves it, searches a batch in RAM, runs single
 queries in RAM, then opens the file with io_uring (or threads where io_uring
 is absent) and runs single queries and a batch from disk. The table gives
-the median of each figure per build and the ratio head / base.
+the median of each figure per build, the ratio head / base of those
+medians, and the median of the per-round ratios (each round's two runs ran
+back to back, under the same load).
 """
 import argparse
 import json
@@ -120,9 +123,27 @@ def run_once(lib, files, index_path):
     return json.loads(line[3:])
 
 
+def report(runs, args):
+    """The table: medians per build, their ratio, and the paired ratios."""
+    keys = list(runs["base"][0])
+    print(f"\n{args['n']:,} x {args['dim']}, {args['queries']} queries, {args['rounds']} "
+          f"interleaved rounds, base {args['base']} vs head {args['head'] or 'working tree'}\n")
+    # A round's two runs ran back to back: their ratio sees the same load,
+    # so the median of those ratios is steadier than a ratio of medians.
+    print("| figure | base (median) | head (median) | head / base | paired ratios: median "
+          "(min-max) |\n| --- | --- | --- | --- | --- |")
+    for k in keys:
+        a = float(np.median([x[k] for x in runs["base"]]))
+        b = float(np.median([x[k] for x in runs["head"]]))
+        pairs = [h[k] / r[k] for h, r in zip(runs["head"], runs["base"]) if r[k]]
+        note = " (higher is better)" if k in LARGER_BETTER else ""
+        print(f"| {k}{note} | {a:.4g} | {b:.4g} | {b / a:.3f} | {np.median(pairs):.3f} "
+              f"({min(pairs):.3f}-{max(pairs):.3f}) |")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", required=True, help="git revision A")
+    p.add_argument("--base", help="git revision A (required unless --report)")
     p.add_argument("--head", default=None, help="git revision B (default: the working tree)")
     p.add_argument("--n", type=int, default=100_000)
     p.add_argument("--dim", type=int, default=128)
@@ -130,7 +151,16 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--work", default=None, help="scratch folder (default: a temp dir)")
     p.add_argument("--json", default=None, help="write every measurement here")
+    p.add_argument("--report", default=None, metavar="JSON",
+                   help="run nothing: print the table of a run saved with --json")
     args = p.parse_args(argv)
+    if not args.report and not args.base:
+        p.error("--base is required")
+    if args.report:
+        with open(args.report) as f:
+            saved = json.load(f)
+        report(saved["runs"], saved["args"])
+        return
 
     sys.path.insert(0, os.path.join(ROOT, "python"))
     from knndirect.datasets import clustered, ground_truth
@@ -153,15 +183,7 @@ def main(argv=None):
             print(f"round {r + 1} {name}: " + ", ".join(f"{k} {v:.4g}"
                                                        for k, v in runs[name][-1].items()),
                   flush=True)
-    keys = list(runs["base"][0])
-    print(f"\n{args.n:,} x {args.dim}, {args.queries} queries, {args.rounds} interleaved rounds, "
-          f"base {args.base} vs head {args.head or 'working tree'} (medians)\n")
-    print("| figure | base | head | head / base |\n| --- | --- | --- | --- |")
-    for k in keys:
-        a = float(np.median([x[k] for x in runs["base"]]))
-        b = float(np.median([x[k] for x in runs["head"]]))
-        note = " (higher is better)" if k in LARGER_BETTER else ""
-        print(f"| {k}{note} | {a:.4g} | {b:.4g} | {b / a:.3f} |")
+    report(runs, vars(args))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "runs": runs}, f, indent=1)
