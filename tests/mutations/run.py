@@ -2,7 +2,7 @@
 """Mutation audit: break the code on purpose, one mutation at a time, and
 check that the tests named for each mutation fail.
 
-    python tests/mutations/run.py            # the whole list (about 10 min)
+    python tests/mutations/run.py            # the whole list (5 to 7 min)
     python tests/mutations/run.py --list     # the list, with the anchors' state
     python tests/mutations/run.py --only gil-add,early-reads-off
 
