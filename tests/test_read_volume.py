@@ -179,3 +179,30 @@ def test_dim100_record_is_single_aligned_read(tmp_path):
     assert s["read_ops"] == 100
     assert s["read_bytes"] == 100 * rs
     o.close()
+
+
+# The documented default oversample (docs/api.md): 1-bit codes 20 up to 128
+# padded dimensions (dims round up to 64), 10 up to 512, 8 above; 4-bit 5;
+# 8-bit 2. Literals, so a changed default cannot pass by being read back.
+DEFAULT_OVERSAMPLE = [("1bit", 64, 20), ("1bit", 128, 20), ("1bit", 129, 10),
+                      ("1bit", 512, 10), ("1bit", 513, 8), ("4bit", 128, 5), ("8bit", 128, 2)]
+
+
+@pytest.mark.parametrize("quantization,dim,oversample", DEFAULT_OVERSAMPLE)
+def test_default_oversample_is_the_documented_one(tmp_path, quantization, dim, oversample):
+    """A default search reranks exactly k x the documented oversample."""
+    base, queries = split(400, 4, dim, seed=5200 + dim)
+    path = tmp_path / "d.kdx"
+    idx = build(base, quantization=quantization, m=8, ef_construction=40)
+    assert idx.info()["default_oversample"] == oversample
+    idx.save(path)
+    idx.close()
+    idx = open_quiet(path, "pread", direct_io=True)
+    try:
+        _fresh(idx)
+        idx.search(queries, k=10)
+        s = idx.stats()
+        assert s["rerank_vectors"] == len(queries) * 10 * oversample, s
+        assert s["read_ops"] == s["rerank_vectors"], s
+    finally:
+        idx.close()
