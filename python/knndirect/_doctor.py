@@ -120,8 +120,8 @@ def _backend_reason(backend, compiled, uring):
         return "mmap was asked for"
     if not compiled:
         return ("this build has no io_uring (it was compiled without liburing): reads go "
-                "through the thread pool of pread. The wheels from PyPI have it built in; "
-                "a source build needs liburing-dev")
+                "through the thread pool of pread. The manylinux wheels have it built in; "
+                "a source build needs liburing (e.g. apt-get install liburing-dev)")
     if _env_set("KNNDIRECT_DISABLE_IO_URING"):
         return "KNNDIRECT_DISABLE_IO_URING is set in the environment"
     sysctl = uring["sysctl"]
