@@ -40,6 +40,13 @@ def opened_info(directory, **kw):
             return opened.info()
 
 
+def opened_info_shm():
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        return opened_info(d)
+
+
 def test_json_report_matches_open_and_features(tmp_path):
     t0 = time.perf_counter()
     p = run(tmp_path, "--json", *SHORT)
@@ -58,9 +65,10 @@ def test_json_report_matches_open_and_features(tmp_path):
     probe = report["probe"]
     assert probe["qd1_reads"] > 0 and probe["qd1_p50_us"] > 0
     assert probe["batch_depth"] == 32 and probe["batch_reads"] >= 32 and probe["batch_iops"] > 0
-    # One 4 KiB read per record (O_DIRECT rounds to the alignment, which
-    # divides 4096; buffered reads are the record).
-    assert probe["bytes_per_read"] == 4096
+    # One read per 4 KiB record (O_DIRECT rounds it up to the alignment;
+    # buffered reads are the record).
+    assert probe["bytes_per_read"] == (max(4096, report["alignment"]) if report["direct_io"]
+                                       else 4096)
     # A process start, a 2 MiB index and 0.2 s of probe: seconds, even on a
     # loaded machine.
     assert elapsed < 30, elapsed
@@ -115,13 +123,6 @@ def test_tmpfs_reports_the_o_direct_fallback():
     assert report["direct_io"] is False and "no_direct_io" in report["fallbacks"]
     assert report["backend"] == opened_info_shm()["io_backend"]
     assert not {n for n in set(os.listdir(shm)) - before if n.startswith(".knndirect-doctor-")}
-
-
-def opened_info_shm():
-    import tempfile
-
-    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
-        return opened_info(d)
 
 
 def test_index_path_is_opened_and_reported(tmp_path):

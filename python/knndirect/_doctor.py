@@ -290,9 +290,14 @@ def diagnose(path=".", probe_seconds=2.0, probe_mib=16, probe=True):
         except (OSError, ValueError) as e:
             report["probe_skipped"] = (f"cannot write a temporary index in {directory}: {e}")
             probe_path = None
+        index = None
         if probe_path:
-            index, caught = _open_quiet(kd, probe_path, direct_io=True, io_backend="auto",
-                                        io_depth=PROBE_DEPTH)
+            try:
+                index, caught = _open_quiet(kd, probe_path, direct_io=True, io_backend="auto",
+                                            io_depth=PROBE_DEPTH)
+            except (OSError, ValueError) as e:
+                report["probe_skipped"] = f"kd.open of a temporary index in {directory} failed: {e}"
+        if index is not None:
             with index:
                 info = index.info()
                 report.update(backend=info["io_backend"], direct_io=info["direct_io"],
