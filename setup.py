@@ -59,7 +59,7 @@ def _liburing_archive(cc):
                                capture_output=True, text=True).stdout.strip()
     except OSError:
         return None
-    return found if os.path.isabs(found) and os.path.isfile(found) else None
+    return os.path.normpath(found) if os.path.isabs(found) and os.path.isfile(found) else None
 
 
 def liburing_link():

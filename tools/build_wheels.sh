@@ -76,7 +76,7 @@ for v in $wanted; do
         echo "== CPython $v: build FAILED (log: $log)"
         exit 1
     fi
-    grep -h "^knndirect: building" "$log" | sed 's/^/   /' || true
+    grep -h "knndirect: building" "$log" | sed "s/^ */   /" | head -1 || true
     raw=$(ls dist/raw/knndirect-"$version"-"$tag"-"$tag"-*.whl)
     "$tools/bin/auditwheel" repair --wheel-dir dist/wheelhouse "$raw" >>"$log" 2>&1 \
         || { tail -20 "$log"; exit 1; }
