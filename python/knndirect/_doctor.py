@@ -296,7 +296,8 @@ def diagnose(path=".", probe_seconds=2.0, probe_mib=16, probe=True):
                 index, caught = _open_quiet(kd, probe_path, direct_io=True, io_backend="auto",
                                             io_depth=PROBE_DEPTH)
             except (OSError, ValueError) as e:
-                report["probe_skipped"] = f"kd.open of a temporary index in {directory} failed: {e}"
+                report["probe_skipped"] = (f"kd.open of a temporary index in {directory} "
+                                           f"failed: {e}")
         if index is not None:
             with index:
                 info = index.info()
@@ -375,8 +376,8 @@ def format_report(r):
         kind = "O_DIRECT" if r["direct_io"] else "buffered (page cache, not the device)"
         rows.append(f"  device probe  {PROBE_RECORD // 1024} KiB {kind} reads through "
                     f"{r['backend']}, temporary {p['file_mib']:g} MiB file, {p['seconds']:g} s")
-        rows.append(f"    QD1         p50 {p['qd1_p50_us']:,.1f} us, p99 {p['qd1_p99_us']:,.1f} us "
-                    f"({p['qd1_reads']:,} reads)")
+        rows.append(f"    QD1         p50 {p['qd1_p50_us']:,.1f} us, "
+                    f"p99 {p['qd1_p99_us']:,.1f} us ({p['qd1_reads']:,} reads)")
         rows.append(f"    QD{p['batch_depth']:<10d}{p['batch_iops']:,} IOPS, "
                     f"{p['batch_mib_s']:,.1f} MiB/s ({p['batch_reads']:,} reads in batches "
                     f"of {p['batch_depth']})")
