@@ -187,8 +187,10 @@ print(knndirect.__file__, "| liburing mapped:", "yes" if "liburing" in maps else
     failed=$(( $(grep -oE "[0-9]+ failed" <<<"$last" | cut -d' ' -f1 || echo 0) + 0 ))
     failed=$(( failed + $(grep -oE "[0-9]+ errors?" <<<"$last" | cut -d' ' -f1 || echo 0) + 0 ))
     echo "   pytest: $last ($((SECONDS - t0)) s; log $d/pytest.log)"
-    grep -E "^SKIPPED" "$d/pytest.log" | sed -E 's/^SKIPPED \[[0-9]+\] [^ ]+: //' | sort | uniq -c \
-        | sed 's/^/   skip: /' || true
+    # Skip reasons, with how many tests each.
+    grep -E "^SKIPPED" "$d/pytest.log" | sed -E 's/^SKIPPED \[([0-9]+)\] [^ ]+: /\1\t/' \
+        | awk -F'\t' '{n[$2] += $1} END {for (r in n) printf "   skip: %4d  %s\n", n[r], r}' \
+        | sort -t: -k2 -rn || true
     local result=ok
     { [ $prc -ne 0 ] || [ $rc -ne 0 ]; } && result=FAIL
     [ $mode = wheel ] && [ "$uring" != True ] && result=FAIL
