@@ -9,8 +9,9 @@
 #
 #   tools/test_wheels.sh                  # every wheel in dist/wheelhouse for 3.9-3.13
 #   tools/test_wheels.sh 3.12 3.13        # only these
-#   tools/test_wheels.sh --sdist [3.11]   # build the sdist instead, liburing hidden:
-#                                         # it must build the thread backend and say so
+#   tools/test_wheels.sh --sdist [3.11]   # install dist/knndirect-*.tar.gz instead (built
+#                                         # here, liburing hidden: it must build the
+#                                         # thread backend and say so)
 #
 #   KEEP_LIBURING=1     do not hide liburing (no namespace, no root needed)
 #   PYTEST_ARGS="..."   extra pytest arguments, shell-quoted (e.g. "-k 'doctor or cli'")
