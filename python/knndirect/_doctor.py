@@ -210,12 +210,18 @@ def device_probe(index, count, seconds, seed=0):
             break
     qd1 = index.stats(reset=True)
     depth = min(PROBE_DEPTH, count)
+    # Batches of distinct ids: consecutive slices of a shuffled order.
+    order = rng.permutation(count).astype(np.int64)
+    batches = len(order) // depth
     reads = 0
     t0 = time.perf_counter()
     end = t0 + half
+    j = 0
     while True:
-        index.get_vectors(rng.choice(count, size=depth, replace=False).astype(np.int64))
+        k = j % batches
+        index.get_vectors(order[k * depth:(k + 1) * depth])
         reads += depth
+        j += 1
         now = time.perf_counter()
         if now >= end:
             break
