@@ -19,8 +19,10 @@ FUZZ = os.path.join(ROOT, "tests", "fuzz")
 CORPUS = os.path.join(FUZZ, "corpus")
 
 pytestmark = [
-    pytest.mark.skipif(not os.path.exists(os.path.join(FUZZ, "fuzz_container.c")),
-                       reason="the fuzz harness is not beside the tests"),
+    pytest.mark.skipif(not os.path.exists(os.path.join(FUZZ, "fuzz_container.c"))
+                       or not os.path.isdir(os.path.join(ROOT, "csrc")),
+                       reason="the fuzz harness or the C core is not beside the tests "
+                              "(installed-package run)"),
     pytest.mark.skipif(bool(os.environ.get("KNNDIRECT_SANITIZER_RUN")),
                        reason="the fuzz stage of .ci/run runs the harness itself"),
 ]
