@@ -83,7 +83,7 @@ def test_sdist_carries_c_sources_tests_and_notebook(tmp_path):
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("*.so", "*.o", "__pycache__", "*.egg-info", "build",
                                     "dist", ".pytest_cache", "results")
-    for name in ("csrc", "python", "tests", "examples"):
+    for name in ("csrc", "python", "tests", "examples", "docs"):
         if os.path.isdir(os.path.join(ROOT, name)):
             shutil.copytree(os.path.join(ROOT, name), src / name, ignore=ignore)
     for name in ("setup.py", "pyproject.toml", "README.md", "MANIFEST.in"):
@@ -107,7 +107,8 @@ def test_sdist_carries_c_sources_tests_and_notebook(tmp_path):
     assert data <= names, sorted(data - names)
     for name in ("setup.py", "pyproject.toml", "README.md", "tests/conftest.py",
                  "python/knndirect/py.typed", "python/knndirect/_index.pyi",
-                 "examples/quickstart.ipynb"):
+                 "examples/quickstart.ipynb", "csrc/cflags.txt", "docs/api.md",
+                 "docs/format.md"):
         assert name in names, name
     assert not any(n.endswith(".so") for n in names)
 
