@@ -293,3 +293,14 @@ def gil_stall(fn, attempts=3, min_seconds=0.0, enough=0.0):
     finally:
         sys.setswitchinterval(old)
     return best + (out,)
+
+
+def evict_page_cache(path):
+    """Write back and drop the file's pages from the page cache, so the next
+    read of it goes to the device."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import knndirect as kd
+from conftest import evict_page_cache
 from knndirect import _container as C
 
 BLOCK = 4096
@@ -241,12 +242,7 @@ def test_layout_of_a_path_leaves_sections_uncached(tmp_path):
     p = tmp_path / "cold.kdx"
     idx.save(p)
     idx.close()
-    fd = os.open(p, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    evict_page_cache(p)
     layout = C.read_layout(p)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p

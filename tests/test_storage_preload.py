@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import knndirect as kd
-from conftest import assert_same_results, build, open_quiet, split
+from conftest import assert_same_results, build, evict_page_cache, open_quiet, split
 from knndirect._container import read_layout
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -48,13 +48,7 @@ def residency(path):
     return out
 
 
-def evict(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+evict = evict_page_cache
 
 
 @pytest.fixture(scope="module")
