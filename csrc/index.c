@@ -180,6 +180,45 @@ int kd_index_train(struct kd_index *ix, const float *x, size_t n)
     return err;
 }
 
+int kd_index_adopt_quantizer(struct kd_index *ix, struct kd_index *from)
+{
+    if (ix == from)
+        return 0;
+    if (from->p.dim != ix->p.dim || from->p.metric != ix->p.metric ||
+        from->p.quantization != ix->p.quantization)
+        return kd_fail(-EINVAL, "quantizer of another dimension, metric or code width");
+    struct kd_quant q;
+    pthread_rwlock_rdlock(&from->lock);
+    int err = from->trained ? kd_quant_copy(&q, &from->quant)
+                            : kd_fail(-EINVAL, "the source index has no fitted quantizer");
+    pthread_rwlock_unlock(&from->lock);
+    if (err)
+        return err;
+    pthread_rwlock_wrlock(&ix->lock);
+    if (ix->count || ix->src->read_only) {
+        err = kd_fail(-EINVAL, "a quantizer can only be given to an empty, writable index");
+        kd_quant_free(&q);
+    } else {
+        kd_quant_free(&ix->quant);
+        ix->quant = q;
+        ix->trained = 1;
+    }
+    pthread_rwlock_unlock(&ix->lock);
+    return err;
+}
+
+int kd_index_same_quantizer(struct kd_index *a, struct kd_index *b)
+{
+    if (a == b)
+        return 1;
+    pthread_rwlock_rdlock(&a->lock);
+    pthread_rwlock_rdlock(&b->lock);
+    int same = a->trained && b->trained && kd_quant_equal(&a->quant, &b->quant);
+    pthread_rwlock_unlock(&b->lock);
+    pthread_rwlock_unlock(&a->lock);
+    return same;
+}
+
 int kd_index_grow(struct kd_index *ix, uint64_t need)
 {
     if (need <= ix->cap)

@@ -210,6 +210,26 @@ void kd_quant_set_ranges(struct kd_quant *q, const float *lo, const float *step)
     memcpy(q->sq_step, step, q->dim * sizeof(float));
 }
 
+int kd_quant_copy(struct kd_quant *dst, const struct kd_quant *src)
+{
+    int err = kd_quant_init(dst, src->bits, src->dim, src->metric, src->ncentres, src->centres,
+                            src->signs, 0);
+    if (!err)
+        kd_quant_set_ranges(dst, src->sq_lo, src->sq_step);
+    return err;
+}
+
+int kd_quant_equal(const struct kd_quant *a, const struct kd_quant *b)
+{
+    size_t d = a->dim;
+    return a->bits == b->bits && a->dim == b->dim && a->metric == b->metric &&
+           a->ncentres == b->ncentres &&
+           !memcmp(a->centres, b->centres, (size_t)a->ncentres * d * sizeof(float)) &&
+           !memcmp(a->signs, b->signs, kd_quant_signs_bytes(a)) &&
+           !memcmp(a->sq_lo, b->sq_lo, d * sizeof(float)) &&
+           !memcmp(a->sq_step, b->sq_step, d * sizeof(float));
+}
+
 /* Per-dimension range of the sample, split into 2^bits - 1 steps. */
 static void train_ranges(struct kd_quant *q, const float *x, size_t n)
 {

@@ -86,6 +86,10 @@ int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t dim, int metric, u
                   const float *centres, const uint8_t *signs, uint64_t seed);
 /* Scalar-code ranges (dim floats each), when restoring a saved quantizer. */
 void kd_quant_set_ranges(struct kd_quant *q, const float *lo, const float *step);
+/* A deep copy of src (dst uninitialized), so that codes of both agree. */
+int kd_quant_copy(struct kd_quant *dst, const struct kd_quant *src);
+/* 1 when a and b encode every vector identically. */
+int kd_quant_equal(const struct kd_quant *a, const struct kd_quant *b);
 /* Fit the centres by k-means to x (n rows, already normalized for cosine). */
 int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed, unsigned threads);
 void kd_quant_free(struct kd_quant *q);

@@ -8,7 +8,7 @@
 
 /* ---- guarding the core index against close() */
 
-static struct kd_index *enter(KdIndexObject *self)
+struct kd_index *kd_py_enter(KdIndexObject *self)
 {
     if (self->ix) {
         pthread_rwlock_rdlock(&self->use);
@@ -20,7 +20,7 @@ static struct kd_index *enter(KdIndexObject *self)
     return NULL;
 }
 
-static void leave(KdIndexObject *self) { pthread_rwlock_unlock(&self->use); }
+void kd_py_leave(KdIndexObject *self) { pthread_rwlock_unlock(&self->use); }
 
 /* ---- buffers */
 
@@ -33,7 +33,7 @@ static int is_format(const Py_buffer *v, const char *codes, Py_ssize_t itemsize)
 }
 
 /* A C-contiguous float32 matrix with `dim` columns. */
-static int take_matrix(PyObject *obj, Py_buffer *v, uint32_t dim, size_t *rows)
+int kd_take_matrix(PyObject *obj, Py_buffer *v, uint32_t dim, size_t *rows)
 {
     if (PyObject_GetBuffer(obj, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
         return -1;
@@ -53,7 +53,7 @@ fail:
 }
 
 /* A contiguous int64 vector, or None (data NULL). */
-static int take_ids(PyObject *obj, Py_buffer *v, const int64_t **data, size_t *n)
+int kd_take_ids(PyObject *obj, Py_buffer *v, const int64_t **data, size_t *n)
 {
     memset(v, 0, sizeof *v);
     *data = NULL;
@@ -72,7 +72,7 @@ static int take_ids(PyObject *obj, Py_buffer *v, const int64_t **data, size_t *n
     return 0;
 }
 
-static void release(Py_buffer *v)
+void kd_release_buffer(Py_buffer *v)
 {
     if (v->obj)
         PyBuffer_Release(v);
@@ -152,20 +152,20 @@ static PyObject *Index_closed(KdIndexObject *self, void *unused)
 
 static PyObject *Index_train(KdIndexObject *self, PyObject *arg)
 {
-    struct kd_index *ix = enter(self);
+    struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return NULL;
     uint32_t dim = kd_index_dim(ix);
     Py_buffer v;
     size_t n;
     int err = 0;
-    if (take_matrix(arg, &v, dim, &n)) {
-        leave(self);
+    if (kd_take_matrix(arg, &v, dim, &n)) {
+        kd_py_leave(self);
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS err = kd_index_train(ix, v.buf, n);
     Py_END_ALLOW_THREADS PyBuffer_Release(&v);
-    leave(self);
+    kd_py_leave(self);
     return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
 }
 
@@ -175,7 +175,7 @@ static PyObject *Index_add(KdIndexObject *self, PyObject *args)
     unsigned int threads = 0;
     if (!PyArg_ParseTuple(args, "OO|I", &xo, &ido, &threads))
         return NULL;
-    struct kd_index *ix = enter(self);
+    struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return NULL;
     uint32_t dim = kd_index_dim(ix);
@@ -183,13 +183,13 @@ static PyObject *Index_add(KdIndexObject *self, PyObject *args)
     size_t n, nids;
     const int64_t *ids;
     int err = 0;
-    if (take_matrix(xo, &xv, dim, &n)) {
-        leave(self);
+    if (kd_take_matrix(xo, &xv, dim, &n)) {
+        kd_py_leave(self);
         return NULL;
     }
-    if (take_ids(ido, &iv, &ids, &nids)) {
+    if (kd_take_ids(ido, &iv, &ids, &nids)) {
         PyBuffer_Release(&xv);
-        leave(self);
+        kd_py_leave(self);
         return NULL;
     }
     if (ids && nids != n) {
@@ -199,8 +199,8 @@ static PyObject *Index_add(KdIndexObject *self, PyObject *args)
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&xv);
-    release(&iv);
-    leave(self);
+    kd_release_buffer(&iv);
+    kd_py_leave(self);
     if (PyErr_Occurred())
         return NULL;
     return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
@@ -208,33 +208,33 @@ static PyObject *Index_add(KdIndexObject *self, PyObject *args)
 
 static PyObject *Index_remove(KdIndexObject *self, PyObject *arg)
 {
-    struct kd_index *ix = enter(self);
+    struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return NULL;
     Py_buffer iv;
     const int64_t *ids;
     size_t n;
     int err;
-    if (take_ids(arg, &iv, &ids, &n)) {
-        leave(self);
+    if (kd_take_ids(arg, &iv, &ids, &n)) {
+        kd_py_leave(self);
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS err = kd_index_remove(ix, ids, n);
-    Py_END_ALLOW_THREADS release(&iv);
-    leave(self);
+    Py_END_ALLOW_THREADS kd_release_buffer(&iv);
+    kd_py_leave(self);
     return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
 }
 
 static PyObject *Index_contains(KdIndexObject *self, PyObject *arg)
 {
-    struct kd_index *ix = enter(self);
+    struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return NULL;
     Py_buffer iv;
     const int64_t *ids;
     size_t n;
-    if (take_ids(arg, &iv, &ids, &n)) {
-        leave(self);
+    if (kd_take_ids(arg, &iv, &ids, &n)) {
+        kd_py_leave(self);
         return NULL;
     }
     npy_intp dim = (npy_intp)n;
@@ -243,8 +243,8 @@ static PyObject *Index_contains(KdIndexObject *self, PyObject *arg)
         Py_BEGIN_ALLOW_THREADS kd_index_contains(ix, ids, n, PyArray_DATA((PyArrayObject *)out));
         Py_END_ALLOW_THREADS
     }
-    release(&iv);
-    leave(self);
+    kd_release_buffer(&iv);
+    kd_py_leave(self);
     return out;
 }
 
@@ -264,7 +264,7 @@ static PyObject *Index_search(KdIndexObject *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_ValueError, k <= 0 ? "k must be at least 1" : "ef must be >= 0");
         return NULL;
     }
-    struct kd_index *ix = enter(self);
+    struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return NULL;
     uint32_t dim = kd_index_dim(ix);
@@ -273,11 +273,11 @@ static PyObject *Index_search(KdIndexObject *self, PyObject *args, PyObject *kw)
     const int64_t *filter;
     PyObject *dist = NULL, *ids_out = NULL;
     int err = 0;
-    if (take_matrix(qo, &qv, dim, &nq)) {
-        leave(self);
+    if (kd_take_matrix(qo, &qv, dim, &nq)) {
+        kd_py_leave(self);
         return NULL;
     }
-    if (take_ids(fo, &fv, &filter, &nf))
+    if (kd_take_ids(fo, &fv, &filter, &nf))
         goto out;
     npy_intp dims[2] = {(npy_intp)nq, (npy_intp)k};
     dist = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
@@ -294,8 +294,8 @@ static PyObject *Index_search(KdIndexObject *self, PyObject *args, PyObject *kw)
                                                  PyArray_DATA((PyArrayObject *)dist),
                                                  PyArray_DATA((PyArrayObject *)ids_out));
     Py_END_ALLOW_THREADS out : PyBuffer_Release(&qv);
-    release(&fv);
-    leave(self);
+    kd_release_buffer(&fv);
+    kd_py_leave(self);
     if (err)
         kd_raise(err);
     if (PyErr_Occurred()) {
@@ -308,7 +308,7 @@ static PyObject *Index_search(KdIndexObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *Index_get_vectors(KdIndexObject *self, PyObject *arg)
 {
-    struct kd_index *ix = enter(self);
+    struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return NULL;
     uint32_t dim = kd_index_dim(ix);
@@ -317,8 +317,8 @@ static PyObject *Index_get_vectors(KdIndexObject *self, PyObject *arg)
     size_t n, align, stride;
     PyObject *raw = NULL, *out = NULL;
     int err = 0;
-    if (take_ids(arg, &iv, &ids, &n)) {
-        leave(self);
+    if (kd_take_ids(arg, &iv, &ids, &n)) {
+        kd_py_leave(self);
         return NULL;
     }
     kd_index_vector_layout(ix, &align, &stride);
@@ -342,8 +342,8 @@ static PyObject *Index_get_vectors(KdIndexObject *self, PyObject *arg)
         goto out;
     Py_BEGIN_ALLOW_THREADS err = kd_index_get_vectors(ix, ids, n, base + skip, stride);
     Py_END_ALLOW_THREADS out : Py_XDECREF(raw);
-    release(&iv);
-    leave(self);
+    kd_release_buffer(&iv);
+    kd_py_leave(self);
     if (err)
         kd_raise(err);
     if (PyErr_Occurred()) {
@@ -358,12 +358,12 @@ static PyObject *Index_save_path(KdIndexObject *self, PyObject *arg)
     PyObject *bytes;
     if (!PyUnicode_FSConverter(arg, &bytes))
         return NULL;
-    struct kd_index *ix = enter(self);
+    struct kd_index *ix = kd_py_enter(self);
     int err = 0;
     if (ix) {
         const char *path = PyBytes_AS_STRING(bytes);
         Py_BEGIN_ALLOW_THREADS err = kd_index_save_path(ix, path);
-        Py_END_ALLOW_THREADS leave(self);
+        Py_END_ALLOW_THREADS kd_py_leave(self);
     }
     Py_DECREF(bytes);
     if (!ix)
@@ -375,18 +375,18 @@ static PyObject *Index_save_path(KdIndexObject *self, PyObject *arg)
 
 static PyObject *Index_save_file(KdIndexObject *self, PyObject *file)
 {
-    struct kd_index *ix = enter(self);
+    struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return NULL;
     struct kd_writer w;
     struct kd_pywriter pw;
     int err;
     if (kd_pywriter_init(&w, &pw, file)) {
-        leave(self);
+        kd_py_leave(self);
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS err = kd_index_save(ix, &w);
-    Py_END_ALLOW_THREADS leave(self);
+    Py_END_ALLOW_THREADS kd_py_leave(self);
     if (kd_pywriter_finish(&pw)) {
         kd_clear_error();
         return NULL;
@@ -396,7 +396,7 @@ static PyObject *Index_save_file(KdIndexObject *self, PyObject *file)
 
 static PyObject *Index_to_bytes(KdIndexObject *self, PyObject *unused)
 {
-    struct kd_index *ix = enter(self);
+    struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return NULL;
     struct kd_writer w;
@@ -404,7 +404,7 @@ static PyObject *Index_to_bytes(KdIndexObject *self, PyObject *unused)
     int err;
     kd_mem_writer_init(&w, &mw);
     Py_BEGIN_ALLOW_THREADS err = kd_index_save(ix, &w);
-    Py_END_ALLOW_THREADS leave(self);
+    Py_END_ALLOW_THREADS kd_py_leave(self);
     PyObject *r = err ? kd_raise(err)
                       : PyBytes_FromStringAndSize((const char *)mw.data, (Py_ssize_t)mw.size);
     free(mw.data);
@@ -413,12 +413,12 @@ static PyObject *Index_to_bytes(KdIndexObject *self, PyObject *unused)
 
 static PyObject *Index_verify(KdIndexObject *self, PyObject *unused)
 {
-    struct kd_index *ix = enter(self);
+    struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return NULL;
     int err;
     Py_BEGIN_ALLOW_THREADS err = kd_index_verify(ix);
-    Py_END_ALLOW_THREADS leave(self);
+    Py_END_ALLOW_THREADS kd_py_leave(self);
     return err ? kd_raise(err) : (Py_INCREF(Py_True), Py_True);
 }
 
@@ -435,12 +435,12 @@ static PyObject *Index_verify(KdIndexObject *self, PyObject *unused)
 
 static PyObject *Index_info(KdIndexObject *self, PyObject *unused)
 {
-    struct kd_index *ix = enter(self);
+    struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return NULL;
     struct kd_info in;
     kd_index_info(ix, &in);
-    leave(self);
+    kd_py_leave(self);
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
@@ -483,12 +483,12 @@ static PyObject *Index_stats(KdIndexObject *self, PyObject *args)
     int reset = 0;
     if (!PyArg_ParseTuple(args, "|p", &reset))
         return NULL;
-    struct kd_index *ix = enter(self);
+    struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return NULL;
     struct kd_stats s;
     kd_index_stats(ix, &s, reset);
-    leave(self);
+    kd_py_leave(self);
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
@@ -507,12 +507,57 @@ static PyObject *Index_stats(KdIndexObject *self, PyObject *args)
 
 static Py_ssize_t Index_len(KdIndexObject *self)
 {
-    struct kd_index *ix = enter(self);
+    struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return -1;
     Py_ssize_t n = (Py_ssize_t)kd_index_count(ix);
-    leave(self);
+    kd_py_leave(self);
     return n;
+}
+
+/* The other argument of the two quantizer methods: a live core index. */
+static struct kd_index *other_index(PyObject *arg, KdIndexObject **obj)
+{
+    if (!PyObject_TypeCheck(arg, &KdIndexType)) {
+        PyErr_SetString(PyExc_TypeError, "expected a knndirect._core.Index");
+        return NULL;
+    }
+    *obj = (KdIndexObject *)arg;
+    return kd_py_enter(*obj);
+}
+
+static PyObject *Index_adopt_quantizer(KdIndexObject *self, PyObject *arg)
+{
+    KdIndexObject *other;
+    struct kd_index *from = other_index(arg, &other), *ix;
+    if (!from)
+        return NULL;
+    if (!(ix = kd_py_enter(self))) {
+        kd_py_leave(other);
+        return NULL;
+    }
+    int err;
+    Py_BEGIN_ALLOW_THREADS err = kd_index_adopt_quantizer(ix, from);
+    Py_END_ALLOW_THREADS kd_py_leave(self);
+    kd_py_leave(other);
+    return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
+}
+
+static PyObject *Index_same_quantizer(KdIndexObject *self, PyObject *arg)
+{
+    KdIndexObject *other;
+    struct kd_index *b = other_index(arg, &other), *a;
+    if (!b)
+        return NULL;
+    if (!(a = kd_py_enter(self))) {
+        kd_py_leave(other);
+        return NULL;
+    }
+    int same;
+    Py_BEGIN_ALLOW_THREADS same = kd_index_same_quantizer(a, b);
+    Py_END_ALLOW_THREADS kd_py_leave(self);
+    kd_py_leave(other);
+    return PyBool_FromLong(same);
 }
 
 static PyMethodDef Index_methods[] = {
@@ -530,6 +575,10 @@ static PyMethodDef Index_methods[] = {
     {"info", (PyCFunction)Index_info, METH_NOARGS, "Dict describing the index."},
     {"stats", (PyCFunction)Index_stats, METH_VARARGS, "stats(reset=False)"},
     {"close", (PyCFunction)Index_close, METH_NOARGS, "Free the index."},
+    {"adopt_quantizer", (PyCFunction)Index_adopt_quantizer, METH_O,
+     "adopt_quantizer(other): an empty index takes other's quantizer."},
+    {"same_quantizer", (PyCFunction)Index_same_quantizer, METH_O,
+     "same_quantizer(other) -> True when both encode alike."},
     {NULL},
 };
 

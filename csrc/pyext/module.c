@@ -198,6 +198,11 @@ static PyMethodDef mod_methods[] = {
      "load_file(file, size=-1): load from a binary file-like object."},
     {"open", (PyCFunction)(void (*)(void))mod_open, METH_VARARGS | METH_KEYWORDS,
      "open(path, direct_io=True, io_backend=0, io_depth=128, preload=0)"},
+    {"search_many", (PyCFunction)(void (*)(void))kd_mod_search_many, METH_VARARGS | METH_KEYWORDS,
+     "search_many(indexes, queries, k, ef=0, oversample=0, rerank=True, exact=False, threads=0, "
+     "filter=None): one search over several indexes (segments)."},
+    {"merge", (PyCFunction)(void (*)(void))kd_mod_merge, METH_VARARGS | METH_KEYWORDS,
+     "merge(path, indexes, ...): write the live vectors of several indexes as one index file."},
     {"features", mod_features, METH_NOARGS, "What this build and CPU offer."},
     {"_kernel", mod_kernel, METH_VARARGS, "Run one distance kernel variant (tests)."},
     {"_read_probe", mod_read_probe, METH_VARARGS, "Seconds to stream a float32 buffer."},

@@ -10,6 +10,12 @@
 #define PY_ARRAY_UNIQUE_SYMBOL kd_ARRAY_API
 #ifndef KD_PYEXT_MODULE
 #define NO_IMPORT_ARRAY
+/* Module functions over several indexes (segments of a collection):
+ * search_many(indexes, queries, k, ...) in pyext/segments.c and
+ * merge(path, indexes, ...) in pyext/merge.c. */
+PyObject *kd_mod_search_many(PyObject *mod, PyObject *args, PyObject *kw);
+PyObject *kd_mod_merge(PyObject *mod, PyObject *args, PyObject *kw);
+
 #endif
 #include <numpy/arrayobject.h>
 
@@ -26,6 +32,17 @@ typedef struct {
 } KdIndexObject;
 
 extern PyTypeObject KdIndexType;
+
+/* The index of a live object, with close() held off until kd_py_leave;
+ * NULL with ValueError set when it is closed. */
+struct kd_index *kd_py_enter(KdIndexObject *self);
+void kd_py_leave(KdIndexObject *self);
+/* Buffers, taken with the GIL held; -1 with an exception set. A C-contiguous
+ * float32 matrix of dim columns: */
+int kd_take_matrix(PyObject *obj, Py_buffer *v, uint32_t dim, size_t *rows);
+/* A contiguous int64 vector, or None (data NULL); release with kd_release_buffer. */
+int kd_take_ids(PyObject *obj, Py_buffer *v, const int64_t **data, size_t *n);
+void kd_release_buffer(Py_buffer *v);
 
 /* Wrap a core index in a new Python object (steals ix). */
 PyObject *kd_index_wrap(struct kd_index *ix);
@@ -70,5 +87,11 @@ int kd_release_view(PyObject *view);
 PyObject *kd_mod_load_bytes(PyObject *mod, PyObject *arg);
 PyObject *kd_mod_load_path(PyObject *mod, PyObject *arg);
 PyObject *kd_mod_load_file(PyObject *mod, PyObject *args);
+
+/* Module functions over several indexes (segments of a collection):
+ * search_many(indexes, queries, k, ...) in pyext/segments.c and
+ * merge(path, indexes, ...) in pyext/merge.c. */
+PyObject *kd_mod_search_many(PyObject *mod, PyObject *args, PyObject *kw);
+PyObject *kd_mod_merge(PyObject *mod, PyObject *args, PyObject *kw);
 
 #endif
