@@ -395,6 +395,20 @@ void kd_index_contains(struct kd_index *ix, const int64_t *ids, size_t n, uint8_
     pthread_rwlock_unlock(&ix->lock);
 }
 
+size_t kd_index_live_ids(struct kd_index *ix, int64_t *out, size_t cap)
+{
+    pthread_rwlock_rdlock(&ix->lock);
+    size_t n = 0;
+    for (uint64_t r = 0; r < ix->count; r++)
+        if (!ix->deleted[r]) {
+            if (n < cap)
+                out[n] = ix->ids[r];
+            n++;
+        }
+    pthread_rwlock_unlock(&ix->lock);
+    return n;
+}
+
 int kd_index_remove(struct kd_index *ix, const int64_t *ids, size_t n)
 {
     pthread_rwlock_wrlock(&ix->lock);

@@ -87,6 +87,8 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
                  unsigned threads);
 /* out[i] = 1 when ids[i] is a live id of the index. */
 void kd_index_contains(struct kd_index *ix, const int64_t *ids, size_t n, uint8_t *out);
+/* The live ids in row order: writes min(cap, live) to out, returns live. */
+size_t kd_index_live_ids(struct kd_index *ix, int64_t *out, size_t cap);
 /* Tombstone ids; all must exist (else -ESRCH and nothing changes). */
 int kd_index_remove(struct kd_index *ix, const int64_t *ids, size_t n);
 

@@ -88,6 +88,7 @@ PyObject *kd_index_wrap(struct kd_index *ix)
         return NULL;
     }
     self->ix = ix;
+    self->weakrefs = NULL;
     pthread_rwlock_init(&self->use, NULL);
     return (PyObject *)self;
 }
@@ -129,6 +130,8 @@ static PyObject *Index_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 
 static void Index_dealloc(KdIndexObject *self)
 {
+    if (self->weakrefs)
+        PyObject_ClearWeakRefs((PyObject *)self);
     kd_index_free(self->ix);
     pthread_rwlock_destroy(&self->use);
     PyObject_Free(self);
@@ -515,6 +518,30 @@ static Py_ssize_t Index_len(KdIndexObject *self)
     return n;
 }
 
+static PyObject *Index_live_ids(KdIndexObject *self, PyObject *unused)
+{
+    (void)unused;
+    struct kd_index *ix = kd_py_enter(self);
+    if (!ix)
+        return NULL;
+    PyObject *out = NULL;
+    /* Removes may land between sizing and filling (only removes can run
+     * beside this call's callers): size again until it fits. */
+    for (;;) {
+        npy_intp n = (npy_intp)kd_index_count(ix);
+        Py_XDECREF(out);
+        out = PyArray_SimpleNew(1, &n, NPY_INT64);
+        if (!out)
+            break;
+        size_t got;
+        Py_BEGIN_ALLOW_THREADS got = kd_index_live_ids(ix, PyArray_DATA((PyArrayObject *)out),
+                                                       (size_t)n);
+        Py_END_ALLOW_THREADS if (got == (size_t)n) break;
+    }
+    kd_py_leave(self);
+    return out;
+}
+
 /* The other argument of the two quantizer methods: a live core index. */
 static struct kd_index *other_index(PyObject *arg, KdIndexObject **obj)
 {
@@ -575,6 +602,7 @@ static PyMethodDef Index_methods[] = {
     {"info", (PyCFunction)Index_info, METH_NOARGS, "Dict describing the index."},
     {"stats", (PyCFunction)Index_stats, METH_VARARGS, "stats(reset=False)"},
     {"close", (PyCFunction)Index_close, METH_NOARGS, "Free the index."},
+    {"live_ids", (PyCFunction)Index_live_ids, METH_NOARGS, "live_ids() -> int64 array, row order"},
     {"adopt_quantizer", (PyCFunction)Index_adopt_quantizer, METH_O,
      "adopt_quantizer(other): an empty index takes other's quantizer."},
     {"same_quantizer", (PyCFunction)Index_same_quantizer, METH_O,
@@ -592,6 +620,7 @@ static PySequenceMethods Index_as_sequence = {.sq_length = (lenfunc)Index_len};
 PyTypeObject KdIndexType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "knndirect._core.Index",
     .tp_basicsize = sizeof(KdIndexObject),
+    .tp_weaklistoffset = offsetof(KdIndexObject, weakrefs),
     .tp_dealloc = (destructor)Index_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Core index (use knndirect.Index).",

@@ -29,6 +29,7 @@ PyObject *kd_mod_merge(PyObject *mod, PyObject *args, PyObject *kw);
 typedef struct {
     PyObject_HEAD struct kd_index *ix;
     pthread_rwlock_t use;
+    PyObject *weakrefs; /* a collection tracks the segment files its handles hold */
 } KdIndexObject;
 
 extern PyTypeObject KdIndexType;

@@ -7,7 +7,9 @@ buffer, with the GIL released throughout.
 """
 from ._core import CorruptIndexError
 from ._index import Index, load, open, features
+from ._collection import Collection, CollectionLockedError
 from . import datasets
 
-__all__ = ["Index", "load", "open", "features", "datasets", "CorruptIndexError"]
+__all__ = ["Index", "Collection", "load", "open", "features", "datasets", "CorruptIndexError",
+           "CollectionLockedError"]
 __version__ = "0.1.0"

@@ -131,6 +131,32 @@ def _progress_callback(progress, total):
     raise TypeError("progress must be None, True or a callable(done, total) -> bool")
 
 
+def _default(threads, default):
+    """threads as given, else the default (0: none)."""
+    return threads if threads is not None else (default or None)
+
+
+def _search_args(queries, dim, k, ef, oversample, rerank, exact, threads, filter):
+    """Check search arguments: (single, queries as (n, dim) float32, the
+    core's arguments after the queries)."""
+    q = np.asarray(queries)
+    single = q.ndim == 1
+    if single:
+        q = q.reshape(1, -1)
+    q = _as_matrix(q, dim, "queries")
+    k = _positive_int(k, "k", allow_none=False)
+    ef = _positive_int(ef, "ef")
+    if oversample is None:
+        oversample = 0.0
+    else:
+        oversample = float(oversample)
+        if not math.isfinite(oversample) or oversample < 1.0:
+            raise ValueError(f"oversample must be a finite number >= 1, got {oversample}")
+    nthreads = _positive_int(threads, "threads", maximum=UINT32_MAX)
+    allowed = None if filter is None else _as_ids(filter, "filter")
+    return single, q, (k, ef, oversample, bool(rerank), bool(exact), nthreads, allowed)
+
+
 class Index:
     """An HNSW index over 1-bit codes, with float32 re-ranking.
 
@@ -324,23 +350,9 @@ class Index:
             Ids, best first. Missing results are I = -1 with D = +inf (l2) or
             -inf (ip, cosine).
         """
-        q = np.asarray(queries)
-        single = q.ndim == 1
-        if single:
-            q = q.reshape(1, -1)
-        q = _as_matrix(q, self._dim, "queries")
-        k = _positive_int(k, "k", allow_none=False)
-        ef = _positive_int(ef, "ef")
-        if oversample is None:
-            oversample = 0.0
-        else:
-            oversample = float(oversample)
-            if not math.isfinite(oversample) or oversample < 1.0:
-                raise ValueError(f"oversample must be a finite number >= 1, got {oversample}")
-        nthreads = _positive_int(threads, "threads", maximum=UINT32_MAX) or self._threads
-        allowed = None if filter is None else _as_ids(filter, "filter")
-        D, I = self._core.search(q, k, ef, oversample, bool(rerank), bool(exact), nthreads,
-                                 allowed)
+        single, q, args = _search_args(queries, self._dim, k, ef, oversample, rerank, exact,
+                                       _default(threads, self._threads), filter)
+        D, I = self._core.search(q, *args)
         if single:
             return D[0], I[0]
         return D, I
@@ -563,7 +575,9 @@ def open(path, *, direct_io=True, io_backend="auto", io_depth=128, preload=("gra
     Parameters
     ----------
     path : str or os.PathLike
-        The index file.
+        The index file, or a collection's directory (then the
+        :class:`knndirect.Collection`, read-only, with these options applied
+        to every segment).
     direct_io : bool
         Read vectors with O_DIRECT (default). Where the filesystem refuses it
         (tmpfs, some overlays), reads are buffered with read-ahead disabled,
@@ -592,6 +606,10 @@ def open(path, *, direct_io=True, io_backend="auto", io_depth=128, preload=("gra
         Read-only for add; remove works in memory. Close it (or use
         ``with``) to release the file and mappings.
     """
+    if os.path.isdir(path):
+        from ._collection import Collection
+        return Collection.open(path, direct_io=direct_io, io_backend=io_backend,
+                               io_depth=io_depth, preload=preload, threads=threads)
     if io_backend not in IO_BACKENDS:
         raise ValueError(f"io_backend must be one of {sorted(IO_BACKENDS)}, got {io_backend!r}")
     depth = _positive_int(io_depth, "io_depth", allow_none=False, maximum=UINT32_MAX)
