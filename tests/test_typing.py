@@ -37,6 +37,14 @@ GOOD = """
     r: float = recall_at_k(I, I)
     uring: bool = kd.features()["io_uring"]
     opened = kd.open("x.kdx", io_backend="threads", preload=("graph",), io_depth=32)
+    col = kd.Collection.create("c", 16, memory_budget="64MiB", merge_policy=None)
+    col.add(x, upsert=True)
+    gen: int = col.commit()
+    Dc, Ic = col.search(x[:2], 5, exact=True)
+    ic64: npt.NDArray[np.int64] = Ic
+    with kd.Collection.open("c", writable=True) as w:
+        w.remove([1, 2])
+        w.merge(max_segments=2)
 """
 
 BAD = """
@@ -49,7 +57,7 @@ BAD = """
 
 
 def test_stubs_and_marker_are_installed():
-    for name in ("py.typed", "__init__.pyi", "_index.pyi", "datasets.pyi"):
+    for name in ("py.typed", "__init__.pyi", "_index.pyi", "_collection.pyi", "datasets.pyi"):
         assert os.path.isfile(os.path.join(PKG, name)), name
 
 

@@ -119,8 +119,9 @@ class _Progress:
     """progress(done, total) for Index.add over a whole build: a tqdm bar
     when tqdm is installed, else a one-line percentage on stderr."""
 
-    def __init__(self, total):
+    def __init__(self, total, label="build"):
         self.total = total
+        self.label = label
         self.offset = 0
         self.last = -1
         try:
@@ -128,7 +129,7 @@ class _Progress:
         except ImportError:
             self.bar = None
         else:
-            self.bar = tqdm(total=total, unit="vec", unit_scale=True, desc="build",
+            self.bar = tqdm(total=total, unit="vec", unit_scale=True, desc=label,
                             file=sys.stderr)
 
     def __call__(self, done, _total):
@@ -139,7 +140,7 @@ class _Progress:
             pct = int(100 * done / max(1, self.total))
             if pct != self.last:
                 self.last = pct
-                sys.stderr.write(f"\rbuild: {done:,}/{self.total:,} vectors ({pct}%)")
+                sys.stderr.write(f"\r{self.label}: {done:,}/{self.total:,} vectors ({pct}%)")
                 sys.stderr.flush()
         return True
 
@@ -194,8 +195,11 @@ def _build(args):
     if n == 0:
         raise ValueError(f"{args.input} holds no vectors")
     ids = _read_ids(args.ids, n) if args.ids else None
+    if args.memory_budget is not None:
+        return _build_collection(args, data, ids, metric)
     if os.path.isdir(args.output):
-        raise ValueError(f"{args.output} is a directory")
+        raise ValueError(f"{args.output} is a directory (to build a collection there, pass "
+                         "--memory-budget)")
     print(f"build: {n:,} x {dim} from {args.input}, metric={metric}, m={args.m}, "
           f"ef_construction={args.ef_construction}, quantization={args.quantization}")
     show = args.progress or (args.progress is None and sys.stderr.isatty())
@@ -223,6 +227,59 @@ def _build(args):
     index.save(args.output)
     print(f"built {len(index):,} vectors in {build_s:.1f} s ({n / max(build_s, 1e-9):,.0f}/s); "
           f"wrote {args.output} ({_human_bytes(os.path.getsize(args.output))})")
+    return 0
+
+
+def _build_collection(args, data, ids, metric):
+    """A collection at args.output: the input (memory-mapped) is added in
+    chunks of the memory budget, each flushed to a segment, then merged down
+    to --segments segments; the vectors are never all in RAM."""
+    import knndirect as kd
+
+    n, dim = data.shape
+    out = args.output
+    created = not os.path.exists(out)
+    col = kd.Collection.create(out, dim, metric, m=args.m, ef_construction=args.ef_construction,
+                               quantization=args.quantization, seed=args.seed,
+                               memory_budget=args.memory_budget, merge_policy=None,
+                               threads=args.threads)
+    budget = col.info()["memory_budget"]
+    print(f"build: {n:,} x {dim} from {args.input} into collection {out}, metric={metric}, "
+          f"m={args.m}, ef_construction={args.ef_construction}, "
+          f"quantization={args.quantization}, memory budget {_human_bytes(budget)}")
+    show = args.progress or (args.progress is None and sys.stderr.isatty())
+    t0 = time.perf_counter()
+    try:
+        progress = _Progress(n) if show else None
+        try:
+            col.add(data, ids, threads=args.threads, progress=progress)
+            col.commit()
+        finally:
+            if progress is not None:
+                progress.close()
+        add_s = time.perf_counter() - t0
+        print(f"added {n:,} vectors in {add_s:.1f} s as {len(col.segments())} segment(s)")
+        if args.segments and len(col.segments()) > args.segments:
+            live = len(col)
+            progress = _Progress(live, "merge") if show else None
+            try:
+                col.merge(max_segments=args.segments, progress=progress)
+            finally:
+                if progress is not None:
+                    progress.close()
+    except KeyboardInterrupt:
+        col.rollback()
+        col.close()
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        print(f"\ninterrupted; {out} was not written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    build_s = time.perf_counter() - t0
+    segs = col.segments()
+    size = sum(s["bytes"] for s in segs)
+    col.close()
+    print(f"built {n:,} vectors in {build_s:.1f} s ({n / max(build_s, 1e-9):,.0f}/s); "
+          f"wrote collection {out}: {len(segs)} segment(s), {_human_bytes(size)}")
     return 0
 
 
@@ -427,6 +484,12 @@ def _parser():
     b.add_argument("--threads", type=int, default=None, help="build threads (default: all)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--limit", type=int, default=None, metavar="N", help="first N vectors only")
+    b.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="build a collection (a directory) in chunks of SIZE (e.g. 1GiB): "
+                   "the input may be larger than RAM")
+    b.add_argument("--segments", type=int, default=1, metavar="N",
+                   help="with --memory-budget: merge down to N segments (default 1; 0 keeps "
+                   "the chunks as segments)")
     g = b.add_mutually_exclusive_group()
     g.add_argument("--progress", dest="progress", action="store_true", default=None,
                    help="show progress even when stderr is not a terminal")

@@ -4,7 +4,7 @@ tombstone files and one manifest per commit.
     DIR/LOCK                         held (flock) by the one writer
     DIR/manifest-<gen>.json          the commit: segments, tombstones, quantizer
     DIR/seg-<n>.kdx                  a segment: an ordinary index file
-    DIR/seg-<n>.del-<gen>            ids removed from seg-<n>, as of commit <gen>
+    DIR/seg-<n>.kdx.del-<gen>        ids removed from seg-<n>, as of commit <gen>
     DIR/quantizer-<n>.kdx            an empty index holding the shared quantizer
 
 A commit writes every new file first (each fsynced), then the manifest by
@@ -15,7 +15,6 @@ once) that becomes a segment at commit or when it fills memory_budget.
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
@@ -30,7 +29,7 @@ import numpy as np
 from . import _core
 from ._core import CorruptIndexError
 from ._index import (
-    Index, METRICS, QUANTIZATIONS, _as_ids, _as_matrix, _default, _float32, _positive_int,
+    Index, _as_ids, _as_matrix, _default, _float32, _positive_int,
     _progress_callback, _search_args, UINT32_MAX,
 )
 from ._index import TRAIN_SAMPLE
@@ -48,7 +47,7 @@ EXPUNGE_SHARE = 0.3
 OPEN_ATTEMPTS = 50
 
 _MANIFEST_RE = re.compile(r"^manifest-(\d{12})\.json$")
-_OURS_RE = re.compile(r"^(manifest-\d{12}\.json|seg-\d{6}\.kdx|seg-\d{6}\.del-\d{12}|"
+_OURS_RE = re.compile(r"^(manifest-\d{12}\.json|seg-\d{6}\.kdx|seg-\d{6}\.kdx\.del-\d{12}|"
                       r"quantizer-\d{6}\.kdx)(\.tmp.*)?$")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
           "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40,
@@ -157,6 +156,11 @@ def _read_tombstones(path) -> np.ndarray:
     if int(np.frombuffer(data, "<u4", 1, 16 + 8 * n)[0]) != zlib.crc32(data[:16 + 8 * n]):
         raise CorruptIndexError(f"tombstone file {path} is damaged (checksum mismatch)")
     return np.frombuffer(data, "<i8", n, 16).astype(np.int64)
+
+
+def is_collection(path) -> bool:
+    """True when path is a directory holding a collection manifest."""
+    return os.path.isdir(path) and _newest_generation(path) is not None
 
 
 def _newest_generation(path):
@@ -1090,5 +1094,4 @@ def open_collection(path, **options):
     return Collection.open(path, **options)
 
 
-__all__ = ["Collection", "CollectionLockedError", "parse_bytes", "METRICS", "QUANTIZATIONS",
-           "errno"]
+__all__ = ["Collection", "CollectionLockedError", "is_collection", "parse_bytes"]

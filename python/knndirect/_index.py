@@ -2,6 +2,7 @@
 the C core (knndirect._core), which does all the work with the GIL released."""
 from __future__ import annotations
 
+import errno
 import io
 import math
 import operator
@@ -607,7 +608,10 @@ def open(path, *, direct_io=True, io_backend="auto", io_depth=128, preload=("gra
         ``with``) to release the file and mappings.
     """
     if os.path.isdir(path):
-        from ._collection import Collection
+        from ._collection import Collection, is_collection
+        if not is_collection(path):
+            raise IsADirectoryError(errno.EISDIR, "a directory, but not a knndirect collection "
+                                    "(no manifest)", os.fspath(path))
         return Collection.open(path, direct_io=direct_io, io_backend=io_backend,
                                io_depth=io_depth, preload=preload, threads=threads)
     if io_backend not in IO_BACKENDS:
