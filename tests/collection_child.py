@@ -8,7 +8,8 @@
         vectors (id -> float32 vector). Before each commit it appends
         "intent LO HI DIGEST COUNT" to REPORT (fsynced): any generation in
         [LO, HI] holds the model's state; after commit() returns,
-        "commit GEN DIGEST COUNT" (fsynced), before going on. Prints "ready"
+        "commit GEN DIGEST COUNT" (after merge(): "merged ..."), fsynced,
+        before going on. Prints "ready"
         once its model is loaded. Runs until killed, or N steps.
 
     python collection_child.py reader PATH OUT SEED SECONDS
@@ -16,7 +17,7 @@
         SECONDS, refreshing every few searches. Every result is checked
         against the reader's snapshot (the ids and vectors of the commit it
         is at). Writes a JSON summary to OUT: searches, and the (generation,
-        live count, ids digest) of every snapshot it saw.
+        live count, digest) of every snapshot it saw.
 
     python collection_child.py lock PATH
         Tries a writable open and prints one JSON line: {"ok": true} or
@@ -28,6 +29,7 @@ order, their float32 vectors (see digest()).
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -39,6 +41,7 @@ import knndirect as kd
 DIM = 16
 BUDGET = "64KiB"      # 1024 rows of dim 16: adds flush to segments too
 MAX_LIVE = 2500       # past this, a step removes more than it adds
+MANIFEST = re.compile(r"^manifest-\d{12}\.json$")
 
 
 def digest(ids, vectors):
@@ -50,10 +53,6 @@ def digest(ids, vectors):
     return h.hexdigest()
 
 
-def ids_digest(ids):
-    return hashlib.sha256(np.sort(np.asarray(ids, dtype="<i8")).tobytes()).hexdigest()
-
-
 def collection_digest(col):
     """(digest, count) of what col holds: its live ids and their vectors."""
     ids = col.ids()
@@ -63,6 +62,24 @@ def collection_digest(col):
 
 def empty_digest(dim=DIM):
     return digest(np.zeros(0, np.int64), np.zeros((0, dim), np.float32))
+
+
+def assert_only_committed_files(path):
+    """LOCK, one manifest, and exactly the files that manifest names."""
+    names = set(os.listdir(path))
+    manifests = sorted(n for n in names if MANIFEST.match(n))
+    assert len(manifests) == 1, f"{len(manifests)} manifests in {sorted(names)}"
+    with open(os.path.join(path, manifests[0])) as f:
+        doc = json.load(f)
+    want = {"LOCK", manifests[0]}
+    if doc["quantizer"]:
+        want.add(doc["quantizer"])
+    for entry in doc["segments"]:
+        want.add(entry["name"])
+        if entry["tombstones"]:
+            want.add(entry["tombstones"])
+    assert want <= names, f"the commit names missing files: {sorted(want - names)}"
+    assert names == want, f"files no commit names: {sorted(names - want)}"
 
 
 def append_line(path, line):
@@ -137,10 +154,11 @@ def writer(path, report, seed, merges, steps):
             # merge() commits, merges, commits: two generations, one state.
             append_line(report, f"intent {gen + 1} {gen + 2} {dig} {count}")
             got = col.merge(max_segments=int(rng.integers(1, 4)))
+            append_line(report, f"merged {got} {dig} {count}")
         else:
             append_line(report, f"intent {gen + 1} {gen + 1} {dig} {count}")
             got = col.commit()
-        append_line(report, f"commit {got} {dig} {count}")
+            append_line(report, f"commit {got} {dig} {count}")
     col.close()
 
 
@@ -157,7 +175,7 @@ def reader(path, out, seed, seconds):
         x = col.get_vectors(ids) if ids.size else np.zeros((0, DIM), np.float32)
         if len(col) != ids.size:
             raise AssertionError(f"len(col) {len(col)} != {ids.size} live ids")
-        seen.append([col.generation, int(ids.size), ids_digest(ids)])
+        seen.append([col.generation, int(ids.size), digest(ids, x)])
         return ids, x
 
     ids, x = snapshot()
@@ -186,18 +204,18 @@ def reader(path, out, seed, seconds):
                     raise AssertionError(f"duplicate ids in a result row: {row.tolist()}")
                 if (row < 0).any() and ids.size >= k and exact:
                     raise AssertionError(f"padded row {row.tolist()} with {ids.size} live")
-            if exact and ids.size:
-                # The exact top k of this snapshot (ties at the k-th place aside).
-                d2 = ((q[:, None, :].astype(np.float64) - x[None].astype(np.float64)) ** 2)
-                d2 = d2.sum(-1)
-                kth = np.sort(d2, axis=1)[:, min(k, ids.size) - 1]
-                for r in range(3):
-                    pos = np.searchsorted(ids, I[r][I[r] >= 0])
-                    if (d2[r, pos] > kth[r] * (1 + 1e-4) + 1e-4).any():
-                        raise AssertionError(f"exact search returned ids {I[r].tolist()} "
-                                             f"outside the snapshot's top {k}")
-                    np.testing.assert_allclose(D[r][I[r] >= 0], d2[r, pos], rtol=1e-4,
-                                               atol=1e-4)
+            if not ids.size:
+                continue
+            d2 = ((q[:, None, :].astype(np.float64) - x[None].astype(np.float64)) ** 2).sum(-1)
+            kth = np.sort(d2, axis=1)[:, min(k, ids.size) - 1]
+            for r in range(3):
+                ok = I[r] >= 0
+                pos = np.searchsorted(ids, I[r][ok])
+                # Distances are those of the returned ids' vectors in this snapshot.
+                np.testing.assert_allclose(D[r][ok], d2[r, pos], rtol=1e-4, atol=1e-4)
+                if exact and (d2[r, pos] > kth[r] * (1 + 1e-4) + 1e-4).any():
+                    raise AssertionError(f"exact search returned ids {I[r].tolist()} "
+                                         f"outside the snapshot's top {k}")
     col.close()
     with open(out, "w") as f:
         json.dump({"searches": searches, "seen": seen}, f)

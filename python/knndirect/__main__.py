@@ -366,7 +366,9 @@ def _info(args):
 
     with _open_index(args) as index:
         info = dict(index.info())
-    if not args.load:
+        if isinstance(index, kd.Collection):
+            info["file_bytes"] = sum(s["bytes"] for s in index.segments())
+    if not args.load and "file_bytes" not in info:
         info["file_bytes"] = os.path.getsize(args.index)
     info["vector_bytes"] = info["count"] * info["dim"] * 4
     if args.json:

@@ -334,6 +334,7 @@ class Collection:
         self._segments = []
         self._buffer = None
         self._view = ()
+        self._buffer_rows = 0
         self._quantizer = None
         self._trained_rows = 0
         self._pending_quantizer = False
@@ -548,16 +549,17 @@ class Collection:
                 done = 0
                 while done < n:
                     buf = self._writable_buffer()
-                    room = max(1, rows - buf._core.info()["slots"])
+                    room = max(1, rows - self._buffer_rows)
                     end = min(n, done + room)
                     buf.add(_float32(x[done:end]), id_arr[done:end], threads=nthreads)
+                    self._buffer_rows += end - done
                     self._changed = True
                     self._next_id = max(self._next_id, int(id_arr[done:end].max()) + 1)
                     if self._quantizer is None:
                         self._trained_rows = end - done
                         self._adopt_buffer_quantizer(buf)
                     done = end
-                    if buf._core.info()["slots"] >= rows:
+                    if self._buffer_rows >= rows:
                         self._flush()
                     if report is not None and report(done, n) is False:
                         break
@@ -573,6 +575,7 @@ class Collection:
             if self._quantizer is not None:
                 buf._core.adopt_quantizer(self._quantizer._core)
             self._buffer = buf
+            self._buffer_rows = 0
             self._publish()
         return self._buffer
 
@@ -596,6 +599,7 @@ class Collection:
                       quantization=p["quantization"], seed=p["seed"])
         fresh.add(x, ids, threads=self._threads or None)
         self._buffer = fresh
+        self._buffer_rows = len(fresh)
         self._trained_rows = len(fresh)
         self._adopt_buffer_quantizer(fresh)
         self._publish()
@@ -621,7 +625,7 @@ class Collection:
             _unlink_quietly(path)
             raise
         self._next_file += 1
-        seg = _Segment(name, index, buf._core.info()["slots"], os.path.getsize(path),
+        seg = _Segment(name, index, self._buffer_rows, os.path.getsize(path),
                        np.zeros(0, np.int64), None)
         seg.dirty = True
         self._retire_stats(buf)
@@ -738,6 +742,35 @@ class Collection:
             # cannot be undone in place); the others are kept.
             self._load(self._doc)
             _retire([os.path.join(self._path, name) for name in flushed])
+
+    def refit(self, sample=None, *, threads=None):
+        """Fit a new quantizer (rotation and centres) for data that has
+        drifted: on sample (an (n, dim) array), else on up to 16384 live
+        vectors drawn at random. The write buffer is flushed first; segments
+        written from now on use the new quantizer, and merges re-encode the
+        codes of older segments with it. Durable at the next commit."""
+        with self._state:
+            self._check_writable()
+            if sample is None:
+                ids = self.ids()
+                if ids.size == 0:
+                    raise ValueError("the collection is empty: pass a sample to refit on")
+                rng = np.random.default_rng(self._generation)
+                pick = np.sort(rng.choice(ids, min(ids.size, TRAIN_SAMPLE), replace=False))
+                x = self.get_vectors(pick)
+            else:
+                x = _as_matrix(sample, self._dim, "sample")
+                if x.shape[0] == 0:
+                    raise ValueError("sample holds no vectors")
+            self._flush()
+            p = self._params
+            q = Index(self._dim, p["metric"], m=p["m"], ef_construction=p["ef_construction"],
+                      quantization=p["quantization"], seed=p["seed"])
+            q._core.train(_float32(x))
+            self._quantizer = q
+            self._trained_rows = x.shape[0]
+            self._pending_quantizer = True
+            self._changed = True
 
     # -- merging -------------------------------------------------------------
     def merge(self, max_segments=1, *, threads=None, progress=None) -> int:
