@@ -151,6 +151,7 @@ static void score_in_memory(struct kd_index *ix, struct kd_search_ctx *c, size_t
 int kd_shortlist_score_memory(struct kd_index *ix, struct kd_search_ctx *c,
                               const struct kd_heap_item *res, size_t n, size_t k)
 {
+    c->finished = 1;
     int err = ctx_rows(c, n);
     if (err)
         return err;
@@ -221,6 +222,13 @@ static int prefer_exact(const struct kd_index *ix, const struct kd_filter *f, si
     double graph_cost = 0.1 * (double)ef * ix->graph.m0 / sel + (double)ef;
     double exact_cost = (double)f->nrows * ix->src->scan_cost;
     return exact_cost <= graph_cost;
+}
+
+int kd_search_prefers_exact(const struct kd_index *ix, const struct kd_search_params *sp,
+                            const struct kd_filter *f)
+{
+    size_t L = kd_shortlist_size(ix, sp), ef = sp->ef ? sp->ef : KD_DEFAULT_EF;
+    return sp->exact || ix->graph.entry == KD_NONE || prefer_exact(ix, f, ef > L ? ef : L);
 }
 
 static const float *normalized_query(const struct kd_index *ix, const float *q, float *buf)
@@ -389,16 +397,15 @@ int kd_shortlist_read(struct kd_index *ix, struct kd_search_ctx *c, const struct
     return err;
 }
 
-/* Phase one of a query: the graph search over codes. It leaves the
- * shortlist's reads in flight (on disk), or the answer final. */
-int kd_query_begin(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
-                   const struct kd_search_params *sp, const struct kd_filter *f)
+/* The graph search of a query, with early reads when may_read_early. It
+ * leaves the candidates c->s.out[0..*nres) clipped to the shortlist size,
+ * or (c->finished) the exact answer of a query whose filter starved the beam. */
+static int query_graph(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
+                       const struct kd_search_params *sp, const struct kd_filter *f,
+                       int may_read_early, unsigned searching, size_t *nres)
 {
     size_t k = sp->k;
-    /* Counted only where it chooses how to read early: one shared write less
-     * per query elsewhere. */
-    unsigned searching = ix->read_early ? __atomic_add_fetch(&ix->searching, 1, __ATOMIC_RELAXED)
-                                        : 0;
+    *nres = 0;
     c->ntop = c->nshort = c->nearly = 0;
     c->finished = 1;
     int err = ctx_top(c, k);
@@ -414,7 +421,7 @@ int kd_query_begin(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
     if ((err = kd_scratch_reserve(&c->s, ix->count, ef, ix->graph.m0)))
         return err;
     /* Room for the shortlist and the early reads, taken before any is in flight. */
-    int reading = ix->src->batch_reads && sp->rerank, early_ok = reading && ix->read_early;
+    int reading = ix->src->batch_reads && sp->rerank, early_ok = reading && may_read_early;
     const struct early_plan *plan = searching > 1 ? &early_shared : &early_alone;
     struct kd_search_early early = {SIZE_MAX, start_early_reads, NULL, 0};
     size_t most_early = early_ok ? (size_t)ceil(plan->share[plan->waves - 1] * (double)L) : 0;
@@ -430,14 +437,13 @@ int kd_query_begin(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
     /* Searches hold the read lock, so live and count are stable here; with
      * nothing removed the tombstones need not be read per scored node. */
     struct kd_accept a = {ix->live < ix->count ? ix->deleted : NULL, f->allowed};
-    size_t nres = kd_graph_search(&ix->graph, &c->s, ef, L, estimate_rows, prefetch_codes, &e, &a,
-                                  &early);
+    size_t n = kd_graph_search(&ix->graph, &c->s, ef, L, estimate_rows, prefetch_codes, &e, &a,
+                               &early);
     float ratio = (float)early.expansions / (float)ef;
     c->expand_ratio = c->expand_ratio > 0 ? 0.9f * c->expand_ratio + 0.1f * ratio : ratio;
-    const struct kd_heap_item *res = c->s.out;
     c->t_graph = kd_now_ns();
     c->st.graph_ns += c->t_graph - t0;
-    if (nres < k && f->allowed && f->nrows > nres) {
+    if (n < k && f->allowed && f->nrows > n) {
         /* The filter starved the beam: answer this query exactly (early
          * reads, if any, are reaped unused by query_end). */
         struct kd_exact_data d = exact_data(ix);
@@ -451,23 +457,59 @@ int kd_query_begin(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
         c->st.early_unused += c->nearly;
         return err;
     }
-    if (!sp->rerank) {
-        for (; c->ntop < nres && c->ntop < k; c->ntop++)
-            c->top[c->ntop] = res[c->ntop];
-        return 0;
-    }
-    return ix->src->shortlist(ix, c, res, nres < L ? nres : L, k);
+    c->finished = 0;
+    *nres = n < L ? n : L;
+    return 0;
 }
 
-/* Phase two: wait for the shortlist's records, rescore, write the answer.
- * Always called after query_begin, so reads in flight are reaped even when
- * the answer is not wanted (skip). */
-int kd_query_end(struct kd_index *ix, struct kd_search_ctx *c, const struct kd_search_params *sp,
-                 float *D, int64_t *I, int skip)
+int kd_query_graph(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
+                   const struct kd_search_params *sp, const struct kd_filter *f,
+                   const struct kd_heap_item **res, size_t *nres)
+{
+    int err = query_graph(ix, c, q, sp, f, 0, 0, nres);
+    *res = c->s.out;
+    return err;
+}
+
+/* Phase one of a query: the graph search over codes. It leaves the
+ * shortlist's reads in flight (on disk), or the answer final. */
+int kd_query_begin(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
+                   const struct kd_search_params *sp, const struct kd_filter *f)
+{
+    /* Counted only where it chooses how to read early: one shared write less
+     * per query elsewhere. */
+    unsigned searching = ix->read_early ? __atomic_add_fetch(&ix->searching, 1, __ATOMIC_RELAXED)
+                                        : 0;
+    size_t nres;
+    int err = query_graph(ix, c, q, sp, f, ix->read_early, searching, &nres);
+    if (err || c->finished)
+        return err;
+    const struct kd_heap_item *res = c->s.out;
+    if (!sp->rerank) {
+        for (; c->ntop < nres && c->ntop < sp->k; c->ntop++)
+            c->top[c->ntop] = res[c->ntop];
+        c->finished = 1;
+        return 0;
+    }
+    return ix->src->shortlist(ix, c, res, nres, sp->k);
+}
+
+int kd_query_shortlist(struct kd_index *ix, struct kd_search_ctx *c, const struct kd_heap_item *res,
+                       size_t n, size_t k)
+{
+    if (n == 0) {
+        c->finished = 1;
+        return 0;
+    }
+    /* Other indexes' graph searches ran since this one's: not rerank time. */
+    c->t_graph = kd_now_ns();
+    return ix->src->shortlist(ix, c, res, n, k);
+}
+
+int kd_query_reap(struct kd_index *ix, struct kd_search_ctx *c, const struct kd_search_params *sp,
+                  int skip)
 {
     int err = 0;
-    if (ix->read_early)
-        __atomic_sub_fetch(&ix->searching, 1, __ATOMIC_RELAXED);
     if (c->nearly || !c->finished) {
         /* Early reads alone, the answer already final (the exact fallback
          * after a starved beam), are reaped and not scored. */
@@ -494,26 +536,35 @@ int kd_query_end(struct kd_index *ix, struct kd_search_ctx *c, const struct kd_s
             c->st.rerank_ns += kd_now_ns() - t0;
         }
     }
+    if (!err && !skip)
+        c->st.rerank_vectors += c->nshort;
+    return err;
+}
+
+/* Phase two: wait for the shortlist's records, rescore, write the answer.
+ * Always called after query_begin, so reads in flight are reaped even when
+ * the answer is not wanted (skip). */
+int kd_query_end(struct kd_index *ix, struct kd_search_ctx *c, const struct kd_search_params *sp,
+                 float *D, int64_t *I, int skip)
+{
+    if (ix->read_early)
+        __atomic_sub_fetch(&ix->searching, 1, __ATOMIC_RELAXED);
+    int err = kd_query_reap(ix, c, sp, skip);
     if (err || skip)
         return err;
-    c->st.rerank_vectors += c->nshort;
     kd_topk_sort(c->top, c->ntop);
     write_results(ix, c->top, c->ntop, sp->k, D, I);
     c->st.queries++;
     return 0;
 }
 
-/* Brute force for a whole batch: one pass over the data serves all queries. */
-static int search_exact(struct kd_index *ix, const float *q, size_t nq,
-                        const struct kd_search_params *sp, const struct kd_filter *f, float *D,
-                        int64_t *I)
+int kd_exact_topk(struct kd_index *ix, const float *q, size_t nq, const struct kd_search_params *sp,
+                  const struct kd_filter *f, struct kd_heap_item *top, size_t *ntop)
 {
     size_t k = sp->k, dim = ix->p.dim;
     float *qn = NULL;
-    struct kd_heap_item *top = malloc(nq * k * sizeof *top);
-    size_t *ntop = malloc(nq * sizeof *ntop);
-    int err = top && ntop ? 0 : kd_fail(-ENOMEM, "out of memory for an exact search");
-    if (!err && ix->metric->normalized) {
+    int err = 0;
+    if (ix->metric->normalized) {
         if (!(qn = malloc(nq * dim * sizeof *qn)))
             err = kd_fail(-ENOMEM, "out of memory for an exact search");
         for (size_t i = 0; !err && i < nq; i++)
@@ -532,15 +583,32 @@ static int search_exact(struct kd_index *ix, const float *q, size_t nq,
         st.read_bytes = io.read_bytes;
         st.io_wait_ns = io.wait_ns;
     }
+    if (!err) {
+        st.exact_queries = nq;
+        kd_index_stats_add(ix, &st);
+    }
+    free(qn);
+    return err;
+}
+
+/* Brute force for a whole batch: one pass over the data serves all queries. */
+static int search_exact(struct kd_index *ix, const float *q, size_t nq,
+                        const struct kd_search_params *sp, const struct kd_filter *f, float *D,
+                        int64_t *I)
+{
+    size_t k = sp->k;
+    struct kd_heap_item *top = malloc(nq * k * sizeof *top);
+    size_t *ntop = malloc(nq * sizeof *ntop);
+    int err = top && ntop ? kd_exact_topk(ix, q, nq, sp, f, top, ntop)
+                          : kd_fail(-ENOMEM, "out of memory for an exact search");
     for (size_t i = 0; !err && i < nq; i++)
         write_results(ix, top + i * k, ntop[i], k, D + i * k, I + i * k);
     if (!err) {
-        st.queries = st.exact_queries = nq;
+        struct kd_stats st = {.queries = nq};
         kd_index_stats_add(ix, &st);
     }
     free(top);
     free(ntop);
-    free(qn);
     return err;
 }
 
@@ -645,10 +713,8 @@ int kd_index_search(struct kd_index *ix, const float *q, size_t nq,
     pthread_rwlock_rdlock(&ix->lock);
     struct kd_filter f;
     err = kd_filter_build(ix, sp, &f);
-    size_t L = kd_shortlist_size(ix, sp), ef = sp->ef ? sp->ef : KD_DEFAULT_EF;
     /* A shortlist as large as the index is a full scan anyway. */
-    int exact = sp->exact || ix->graph.entry == KD_NONE || L >= ix->live ||
-                prefer_exact(ix, &f, ef > L ? ef : L);
+    int exact = kd_shortlist_size(ix, sp) >= ix->live || kd_search_prefers_exact(ix, sp, &f);
     if (!err && exact) {
         err = search_exact(ix, q, nq, sp, &f, D, I);
     } else if (!err) {

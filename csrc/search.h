@@ -12,7 +12,14 @@
  * Both phases run under ix->lock held for reading, taken by the caller
  * (kd_index_search does) and held from begin to end. kd_index_search runs
  * them over a batch, two queries per worker, so that one query's reads
- * overlap the next one's graph search. */
+ * overlap the next one's graph search.
+ *
+ * A search over several indexes (multisearch.c) splits phase one further, to
+ * choose one shortlist across them between the graph searches and the reads:
+ *
+ *   kd_query_graph(ix, c, q, sp, f, &res, &n)   candidates, no reads
+ *   kd_query_shortlist(ix, c, res, m, k)        this index's part, m <= n
+ *   kd_query_reap(ix, c, sp, skip)              c->top[0..ntop): exact, a heap */
 #ifndef KD_SEARCH_H
 #define KD_SEARCH_H
 
@@ -73,6 +80,22 @@ void kd_search_ctx_free(struct kd_search_ctx *c);
  * may be in flight. */
 int kd_query_begin(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
                    const struct kd_search_params *sp, const struct kd_filter *f);
+/* The graph search of kd_query_begin alone (no early reads, nothing in
+ * flight after it). Either c->finished, with the final exact top-k in
+ * c->top[0..ntop) as a heap (the filter starved the beam), or the candidates
+ * res[0..nres), ascending by estimate, at most the shortlist size; they stay
+ * valid until the next search on c. */
+int kd_query_graph(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
+                   const struct kd_search_params *sp, const struct kd_filter *f,
+                   const struct kd_heap_item **res, size_t *nres);
+/* After kd_query_graph: score res[0..n) (memory) or start their reads (disk);
+ * n may be 0. Follow it with kd_query_reap on the same c, even on error. */
+int kd_query_shortlist(struct kd_index *ix, struct kd_search_ctx *c, const struct kd_heap_item *res,
+                       size_t n, size_t k);
+/* kd_query_end without the answer: reap, rescore into c->top[0..ntop), a
+ * max-heap of internal distances (kd_topk_sort orders it). */
+int kd_query_reap(struct kd_index *ix, struct kd_search_ctx *c, const struct kd_search_params *sp,
+                  int skip);
 /* Phase two: wait for every read begin left, rescore, sort, write sp->k
  * results to D and I (missing ones as the metric's missing value and -1).
  * skip: reap only, write nothing (D and I may be NULL). */
@@ -85,6 +108,15 @@ int kd_filter_build(struct kd_index *ix, const struct kd_search_params *sp, stru
 void kd_filter_free(struct kd_filter *f);
 /* Rows the shortlist of a query with these parameters holds. */
 size_t kd_shortlist_size(const struct kd_index *ix, const struct kd_search_params *sp);
+/* 1 when queries with these parameters are better answered by brute force:
+ * asked for, no graph, or a filter too selective for a beam. */
+int kd_search_prefers_exact(const struct kd_index *ix, const struct kd_search_params *sp,
+                            const struct kd_filter *f);
+/* Brute force for nq queries (normalized here for cosine): top[i*k..) holds
+ * ntop[i] items of query i, ascending. Counts read I/O and exact_queries in
+ * ix's stats, not queries. */
+int kd_exact_topk(struct kd_index *ix, const float *q, size_t nq, const struct kd_search_params *sp,
+                  const struct kd_filter *f, struct kd_heap_item *top, size_t *ntop);
 
 /* The two kd_vsource shortlist operations. */
 int kd_shortlist_score_memory(struct kd_index *ix, struct kd_search_ctx *c,

@@ -1,11 +1,113 @@
-/* knndirect._core.search_many (to be written). */
+/* knndirect._core.search_many: one search over several indexes, the segments
+ * of a collection (multisearch.h). */
 #include "pyext.h"
+#include "multisearch.h"
+
+/* The number of columns of a 2-d buffer, for a call with no index to take
+ * the dimension from; 0 when it is not one (kd_take_matrix then says why). */
+static uint32_t buffer_columns(PyObject *obj)
+{
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    uint32_t dim = v.ndim == 2 && v.shape[1] > 0 && v.shape[1] <= UINT32_MAX ? (uint32_t)v.shape[1]
+                                                                             : 0;
+    PyBuffer_Release(&v);
+    return dim;
+}
 
 PyObject *kd_mod_search_many(PyObject *mod, PyObject *args, PyObject *kw)
 {
     (void)mod;
-    (void)args;
-    (void)kw;
-    PyErr_SetString(PyExc_NotImplementedError, "search_many");
-    return NULL;
+    static char *names[] = {"indexes", "queries", "k",       "ef",     "oversample",
+                            "rerank",  "exact",   "threads", "filter", NULL};
+    PyObject *io, *qo, *fo = Py_None;
+    Py_ssize_t k, ef = 0;
+    double oversample = 0;
+    int rerank = 1, exact = 0;
+    unsigned int threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOn|ndppIO", names, &io, &qo, &k, &ef, &oversample,
+                                     &rerank, &exact, &threads, &fo))
+        return NULL;
+    if (k <= 0 || ef < 0) {
+        PyErr_SetString(PyExc_ValueError, k <= 0 ? "k must be at least 1" : "ef must be >= 0");
+        return NULL;
+    }
+    if (!PySequence_Check(io) || PyUnicode_Check(io) || PyBytes_Check(io)) {
+        PyErr_Format(PyExc_TypeError, "indexes must be a sequence of Index objects, got %s",
+                     Py_TYPE(io)->tp_name);
+        return NULL;
+    }
+    /* A tuple of our own: the caller's list may change, and drop its
+     * references, while the GIL is released. */
+    PyObject *seq = PySequence_Tuple(io);
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *o = PyTuple_GET_ITEM(seq, j);
+        if (!PyObject_TypeCheck(o, &KdIndexType)) {
+            PyErr_Format(PyExc_TypeError, "indexes[%zd] is a %s, not a knndirect._core.Index", j,
+                         Py_TYPE(o)->tp_name);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    struct kd_index **ixs = PyMem_Malloc((n ? (size_t)n : 1) * sizeof *ixs);
+    if (!ixs) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t entered = 0;
+    Py_buffer qv = {0}, fv = {0};
+    PyObject *dist = NULL, *ids_out = NULL;
+    int err = 0;
+    for (; entered < n; entered++)
+        if (!(ixs[entered] = kd_py_enter((KdIndexObject *)PyTuple_GET_ITEM(seq, entered))))
+            goto out;
+    uint32_t dim = n ? kd_index_dim(ixs[0]) : buffer_columns(qo);
+    for (Py_ssize_t j = 1; j < n; j++)
+        if (kd_index_dim(ixs[j]) != dim) {
+            PyErr_Format(PyExc_ValueError, "indexes[%zd] has dim %u, indexes[0] dim %u", j,
+                         kd_index_dim(ixs[j]), dim);
+            goto out;
+        }
+    size_t nq, nf;
+    const int64_t *filter;
+    if (kd_take_matrix(qo, &qv, dim, &nq)) {
+        memset(&qv, 0, sizeof qv);
+        goto out;
+    }
+    if (kd_take_ids(fo, &fv, &filter, &nf))
+        goto out;
+    npy_intp dims[2] = {(npy_intp)nq, (npy_intp)k};
+    dist = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    ids_out = PyArray_SimpleNew(2, dims, NPY_INT64);
+    if (!dist || !ids_out)
+        goto out;
+    struct kd_search_params sp = {(size_t)k, (size_t)ef, oversample, rerank,
+                                  exact,     threads,    filter,     nf};
+    /* A filter that is given but empty still filters (to nothing). */
+    static const int64_t none[1] = {0};
+    if (fo != Py_None && !filter)
+        sp.filter = none;
+    Py_BEGIN_ALLOW_THREADS err = kd_search_many(ixs, (size_t)n, qv.buf, nq, &sp,
+                                                PyArray_DATA((PyArrayObject *)dist),
+                                                PyArray_DATA((PyArrayObject *)ids_out));
+    Py_END_ALLOW_THREADS out : kd_release_buffer(&qv);
+    kd_release_buffer(&fv);
+    while (entered)
+        kd_py_leave((KdIndexObject *)PyTuple_GET_ITEM(seq, --entered));
+    PyMem_Free(ixs);
+    Py_DECREF(seq);
+    if (err)
+        kd_raise(err);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(dist);
+        Py_XDECREF(ids_out);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", dist, ids_out);
 }
