@@ -14,7 +14,7 @@
 
     python collection_child.py reader PATH OUT SEED SECONDS
         Opens the collection read-only and searches (graph and exact) for
-        SECONDS, refreshing every few searches. Every result is checked
+        SECONDS, refreshing every other round. Every result is checked
         against the reader's snapshot (the ids and vectors of the commit it
         is at). Writes a JSON summary to OUT: searches, and the (generation,
         live count, digest) of every snapshot it saw.
@@ -151,8 +151,9 @@ def writer(path, report, seed, merges, steps):
         dig, count = model.digest()
         gen = col.generation
         if merges and rng.random() < 0.2:
-            # merge() commits, merges, commits: two generations, one state.
-            append_line(report, f"intent {gen + 1} {gen + 2} {dig} {count}")
+            # merge() commits, merges, commits: every generation it makes
+            # (two today; up to four allowed) holds the same state.
+            append_line(report, f"intent {gen + 1} {gen + 4} {dig} {count}")
             got = col.merge(max_segments=int(rng.integers(1, 4)))
             append_line(report, f"merged {got} {dig} {count}")
         else:
@@ -180,8 +181,10 @@ def reader(path, out, seed, seconds):
 
     ids, x = snapshot()
     deadline = time.monotonic() + seconds
+    rounds = 0
     while time.monotonic() < deadline:
-        if searches % 5 == 4:
+        rounds += 1
+        if rounds % 2 == 0:
             before = col.generation
             if col.refresh() < before:
                 raise AssertionError(f"refresh went back from {before} to {col.generation}")

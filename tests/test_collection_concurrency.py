@@ -1,7 +1,10 @@
 """One writer, many readers: readers in other processes and threads of this
 process search while the writer adds, removes, commits and merges; a second
 writer is refused; files of replaced segments stay on disk while a handle of
-this process still needs them, and go when none does."""
+this process still needs them, and go when none does. Three races are also
+played out in a fixed order: a refresh while the writer commits, a rollback
+while a search holds a flushed segment, and merge() next to a background
+merge that its own commit planned."""
 import gc
 import json
 import os
@@ -338,11 +341,6 @@ def test_replaced_segment_files_live_while_a_reader_needs_them(tmp_path, release
 
 # -- races, made deterministic ---------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason=(
-    "Collection._load applies a commit's new tombstones to the reader's reused segment "
-    "handles before every file of that commit is open; when a file has gone (the writer "
-    "committed again) _load_newest retries, removes the same ids again and refresh raises "
-    "KeyError, leaving the reader half-moved"))
 def test_refresh_racing_a_commit(tmp_path, monkeypatch):
     """A reader refreshes to commit 3 while the writer commits 4, which
     replaces a tombstone file of commit 3 before the reader reads it: the
@@ -376,10 +374,6 @@ def test_refresh_racing_a_commit(tmp_path, monkeypatch):
     col.close()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "rollback() resets the file counter to the commit's next_file, so the next flush reuses "
-    "the name of the rolled-back segment; when a search in flight held that file, its "
-    "deferred delete (keyed by path) later removes the new, committed file"))
 def test_rollback_with_a_search_in_flight_keeps_committed_files(tmp_path):
     """A search in flight holds the segment handles it started with (the
     published view). A rollback retires a flushed, uncommitted segment that
@@ -407,10 +401,6 @@ def test_rollback_with_a_search_in_flight_keeps_committed_files(tmp_path):
     reader.close()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "merge() commits first, and that commit can start a background merge (tiered policy) "
-    "that runs after merge() returns with a stale plan: segments merge() already merged "
-    "are merged again, so their ids live in two segments and a remove drops one copy"))
 def test_merge_and_background_merge_keep_ids_unique(tmp_path):
     """Three committed segments of 600, and 600 more buffered: merge()'s
     first commit makes the fourth segment of the tier, which plans a
@@ -436,5 +426,6 @@ def test_merge_and_background_merge_keep_ids_unique(tmp_path):
         f"{ids.size} live entries for {np.unique(ids).size} ids")
     col.remove([5])
     assert 5 not in col.ids()
+    col.commit()
     col.close()
     child.assert_only_committed_files(path)

@@ -12,7 +12,7 @@ N, DIM, NQ = 8000, 32, 400
 
 
 def live_recall(search, x_live, ids_live, q):
-    truth = ids_live[ground_truth(x_live, q, 10)]
+    truth = ids_live[ground_truth(x_live, q, 10)[0]]
     _, I = search(q, k=10)
     return recall_at_k(I, truth, 10)
 

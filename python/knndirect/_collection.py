@@ -15,6 +15,7 @@ once) that becomes a segment at commit or when it fills memory_budget.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -388,6 +389,31 @@ class Collection:
         raise last
 
     def _load(self, doc):
+        # Open and read every file of the commit first: a file can vanish
+        # (a writer commits again) and the caller retries with a newer
+        # commit, so nothing here may change a handle or this object before
+        # all of them are in hand.
+        quantizer = None
+        if doc["quantizer"]:
+            quantizer = self._open_file(doc["quantizer"], load=True)
+        old = {s.name: s for s in self._segments}
+        staged = []
+        for entry in doc["segments"]:
+            removed = np.zeros(0, np.int64)
+            if entry["tombstones"]:
+                removed = _read_tombstones(os.path.join(self._path, entry["tombstones"]))
+            prev = old.get(entry["name"])
+            if prev is not None and not prev.dirty and np.isin(prev.removed, removed).all():
+                # Still valid: tombstones only grow while a segment lives.
+                staged.append((entry, prev.index, np.setdiff1d(removed, prev.removed), removed))
+            else:
+                staged.append((entry, self._open_file(entry["name"]), removed, removed))
+        segments = []
+        for entry, index, new, removed in staged:
+            if new.size:
+                index.remove(new)
+            segments.append(_Segment(entry["name"], index, int(entry["count"]),
+                                     int(entry["bytes"]), removed, entry["tombstones"]))
         p = doc["params"]
         self._doc = doc
         self._params = p
@@ -398,36 +424,26 @@ class Collection:
         self._merge_policy = doc["merge_policy"]
         self._next_file = int(doc["next_file"])
         self._next_id = int(doc["next_id"])
-        quantizer = None
-        if doc["quantizer"]:
-            quantizer = self._open_file(doc["quantizer"], load=True)
-        segments = []
-        old = {s.name: s for s in self._segments}
-        for entry in doc["segments"]:
-            removed = np.zeros(0, np.int64)
-            if entry["tombstones"]:
-                removed = _read_tombstones(os.path.join(self._path, entry["tombstones"]))
-            prev = old.get(entry["name"])
-            if prev is not None and not prev.dirty and np.isin(prev.removed, removed).all():
-                # Still valid: tombstones only grow while a segment lives.
-                index = prev.index
-                new = np.setdiff1d(removed, prev.removed)
-            else:
-                index = self._open_file(entry["name"])
-                new = removed
-            if new.size:
-                index.remove(new)
-            segments.append(_Segment(entry["name"], index, int(entry["count"]),
-                                     int(entry["bytes"]), removed, entry["tombstones"]))
         self._quantizer = quantizer
         self._pending_quantizer = False
+        kept = {id(index) for _, index, _, _ in staged}
         for s in self._segments:
-            if s not in segments:
+            if id(s.index) not in kept:
                 self._retire_stats(s.index)
         self._segments = segments
         self._buffer = None
         self._publish()
         self._changed = False
+
+    def _new_file_number(self):
+        """A file number no file in the directory has: a retired file whose
+        delete waits for a handle (a search in flight) keeps its name."""
+        n = self._next_file
+        while any(os.path.exists(os.path.join(self._path, f))
+                  for f in (_seg_name(n), f"quantizer-{n:06d}.kdx")):
+            n += 1
+        self._next_file = n + 1
+        return n
 
     def _open_file(self, name, load=False):
         path = os.path.join(self._path, name)
@@ -437,7 +453,11 @@ class Collection:
             with warnings.catch_warnings():
                 # The fallback is reported once by info(), not per segment.
                 warnings.simplefilter("ignore", RuntimeWarning)
-                index = _open_index(path, threads=self._threads or None, **self._open_options)
+                try:
+                    index = _open_index(path, threads=self._threads or None,
+                                        **self._open_options)
+                except FileNotFoundError as e:
+                    raise FileNotFoundError(errno.ENOENT, str(e), path) from None
         _track(index._core, path)
         return index
 
@@ -616,7 +636,7 @@ class Collection:
             return
         if self._pending_quantizer and self._trained_rows < min(len(buf), TRAIN_SAMPLE) // 2:
             buf = self._refit_buffer(buf)
-        name = _seg_name(self._next_file)
+        name = _seg_name(self._new_file_number())
         path = os.path.join(self._path, name)
         buf.save(path)
         try:
@@ -624,7 +644,6 @@ class Collection:
         except BaseException:
             _unlink_quietly(path)
             raise
-        self._next_file += 1
         seg = _Segment(name, index, self._buffer_rows, os.path.getsize(path),
                        np.zeros(0, np.int64), None)
         seg.dirty = True
@@ -697,8 +716,7 @@ class Collection:
         doc = dict(self._doc)
         doc["generation"] = gen
         if self._pending_quantizer or (self._quantizer is not None and not doc["quantizer"]):
-            name = f"quantizer-{self._next_file:06d}.kdx"
-            self._next_file += 1
+            name = f"quantizer-{self._new_file_number():06d}.kdx"
             self._quantizer.save(os.path.join(self._path, name))
             written.append(name)
             doc["quantizer"] = name
@@ -795,9 +813,10 @@ class Collection:
         and swap it in; the swap is committed by the next commit. The state
         lock is held only to take the inputs and to swap."""
         with self._state:
+            if any(s not in self._segments for s in inputs):
+                return   # a stale plan: an input was merged or rolled back meanwhile
             snapshot = [(s, s.removed.copy()) for s in inputs]
-            name = _seg_name(self._next_file)
-            self._next_file += 1
+            name = _seg_name(self._new_file_number())
             handles = []
             for s, removed in snapshot:
                 h = _open_index(os.path.join(self._path, s.name), preload=(),
@@ -846,7 +865,6 @@ class Collection:
             rest = [s for s in self._segments if s.name not in gone]
             self._segments = rest[:pos] + [seg] + rest[pos:]
             self._publish()
-            self._changed = True
             # Flushed-but-uncommitted inputs exist in no commit: gone now.
             committed = {e["name"] for e in self._doc["segments"]}
             _retire([os.path.join(self._path, s.name) for s in inputs
@@ -1073,10 +1091,13 @@ class Collection:
         with self._state:
             if self._writable:
                 self._wait_merge(cancel=True)
-                if self._changed or any(s.dirty for s in self._segments):
+                # A merge finished since the last commit is dropped quietly:
+                # it changed no answer and the next writer redoes it.
+                if self._changed:
                     warnings.warn(f"collection {self._path} closed with uncommitted changes; "
                                   "they are dropped (call commit())", RuntimeWarning,
                                   stacklevel=2)
+                if self._changed or any(s.dirty for s in self._segments):
                     self.rollback()
             self._closed = True
             self._segments = []
