@@ -376,8 +376,10 @@ int kd_graph_prepare(struct kd_graph *g, uint64_t first, uint64_t last, uint64_t
         if (level > 0) {
             g->upper[i] = calloc((size_t)level * (1 + g->m), sizeof(uint32_t));
             if (!g->upper[i]) {
-                for (uint64_t j = first; j < i; j++)
+                for (uint64_t j = first; j < i; j++) {
                     free(g->upper[j]);
+                    g->upper[j] = NULL;
+                }
                 return kd_fail(-ENOMEM, "out of memory for the graph");
             }
         }
@@ -393,6 +395,7 @@ struct insert_ctx {
     uint32_t ef;
     uint64_t next, last;
     int err;
+    const uint32_t *nodes; /* reconnect nodes[next..last) instead of inserting */
 };
 
 struct from_node {
@@ -426,6 +429,12 @@ static size_t select_diverse(const struct kd_build_oracle *o, const struct kd_he
             out[kept++] = c[i].row;
     }
     return kept;
+}
+
+size_t kd_graph_select(const struct kd_build_oracle *o, const struct kd_heap_item *c, size_t n,
+                       size_t cap, uint32_t *out)
+{
+    return select_diverse(o, c, n, cap, out);
 }
 
 static int cmp_item(const void *a, const void *b)
@@ -535,22 +544,81 @@ static int insert_one(struct kd_graph *g, const struct kd_build_oracle *o, uint3
     return 0;
 }
 
+/* A node already in the graph whose level-0 list has grown thin (its
+ * neighbours were removed): search for it from the entry as insertion does,
+ * merge its remaining neighbours into what the beam found, keep the diverse
+ * ones and link back to them. buf holds ef + m0 + 2 items. */
+static int reconnect_one(struct kd_graph *g, const struct kd_build_oracle *o, uint32_t node,
+                         uint32_t ef, struct kd_search_scratch *s, struct kd_heap_item *buf,
+                         uint32_t *rows, float *dists)
+{
+    pthread_mutex_lock(&g->entry_lock);
+    uint32_t ep = g->entry;
+    int top = g->max_level;
+    pthread_mutex_unlock(&g->entry_lock);
+    if (ep == KD_NONE)
+        return 0;
+    struct from_node f = {o, node};
+    descend(g, s, ep, top, 0, dist_from_node, &f, 1);
+    size_t nres = search_layer(g, s, 0, ef, 1, dist_from_node, &f, NULL, 1, 0, NULL, NULL);
+    if (!nres)
+        return kd_fail(-ENOMEM, "out of memory while repairing the graph");
+    struct kd_heap_item *c = buf + g->m0 + 2;
+    size_t n = 0;
+    for (size_t i = 0; i < nres; i++)
+        if (s->res[i].row != node)
+            c[n++] = s->res[i];
+    /* The neighbours it kept that the beam did not score. */
+    uint32_t had = read_list(g, node, 0, s->list, 1), m = 0;
+    for (uint32_t i = 0; i < had; i++) {
+        size_t j = 0;
+        while (j < n && c[j].row != s->list[i])
+            j++;
+        if (j == n && s->list[i] != node)
+            rows[m++] = s->list[i];
+    }
+    if (m) {
+        o->from(o->ctx, node, rows, m, dists);
+        for (uint32_t i = 0; i < m; i++)
+            c[n++] = (struct kd_heap_item){dists[i], rows[i]};
+        qsort(c, n, sizeof *c, cmp_item);
+    }
+    uint32_t *chosen = rows + g->m0 + 2;
+    size_t kept = select_diverse(o, c, n, g->m, chosen);
+    uint32_t *l = kd_graph_list(g, node, 0);
+    node_lock(g, node);
+    memcpy(l + 1, chosen, kept * sizeof(uint32_t));
+    l[0] = (uint32_t)kept;
+    node_unlock(g, node);
+    int linked = 0;
+    for (size_t i = 0; i < kept; i++)
+        linked |= link_back(g, o, chosen[i], node, 0, buf, rows, dists);
+    if (!linked && kept)
+        force_in_link(g, chosen[0], node, 0);
+    return 0;
+}
+
 static void *insert_worker(void *arg)
 {
     struct insert_ctx *c = arg;
     struct kd_graph *g = c->g;
     struct kd_search_scratch s = {0};
-    struct kd_heap_item *buf = malloc((g->m0 + 2) * sizeof *buf);
+    /* A reconnect keeps its candidates after the first m0 + 2 items. */
+    size_t nbuf = g->m0 + 2 + (c->nodes ? c->ef + g->m0 + 2 : 0);
+    struct kd_heap_item *buf = malloc(nbuf * sizeof *buf);
     uint32_t *rows = malloc((2 * g->m0 + 4) * sizeof(uint32_t));
     float *dists = malloc((g->m0 + 2) * sizeof(float));
-    int err = kd_scratch_reserve(&s, c->last, c->ef, g->m0);
+    int err = kd_scratch_reserve(&s, c->nodes ? g->count : c->last, c->ef, g->m0);
     if (!err && (!buf || !rows || !dists))
         err = kd_fail(-ENOMEM, "out of memory while building the graph");
     while (!err && !__atomic_load_n(&c->err, __ATOMIC_RELAXED)) {
         uint64_t i = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED);
         if (i >= c->last)
             break;
-        err = insert_one(g, c->o, (uint32_t)i, c->ef, &s, buf, rows, dists);
+        if (c->nodes)
+            err = reconnect_one(g, c->o, c->nodes[i], c->ef, &s, buf, rows, dists);
+        else
+            err = insert_one(g, c->o, (uint32_t)i, c->ef, &s, buf, rows, dists);
     }
     if (err)
         __atomic_store_n(&c->err, err, __ATOMIC_RELAXED);
@@ -565,11 +633,11 @@ int kd_graph_insert_range(struct kd_graph *g, uint64_t first, uint64_t last,
                           uint32_t ef_construction, const struct kd_build_oracle *o,
                           unsigned threads)
 {
-    struct insert_ctx c = {g, o, ef_construction, first, last, 0};
+    struct insert_ctx c = {g, o, ef_construction, first, last, 0, NULL};
     g->count = last;
     /* The first node alone sets the entry point, so workers start from it. */
     if (g->entry == KD_NONE && first < last) {
-        struct insert_ctx one = {g, o, ef_construction, first, first + 1, 0};
+        struct insert_ctx one = {g, o, ef_construction, first, first + 1, 0, NULL};
         insert_worker(&one);
         if (one.err)
             return one.err;
@@ -578,5 +646,16 @@ int kd_graph_insert_range(struct kd_graph *g, uint64_t first, uint64_t last,
     if (threads > last - c.next)
         threads = (unsigned)(last - c.next);
     kd_run_workers(insert_worker, &c, threads);
+    return c.err;
+}
+
+int kd_graph_reconnect(struct kd_graph *g, const uint32_t *nodes, size_t n,
+                       uint32_t ef_construction, const struct kd_build_oracle *o, unsigned threads)
+{
+    struct insert_ctx c = {g, o, ef_construction, 0, n, 0, nodes};
+    if (threads > n)
+        threads = (unsigned)n;
+    if (threads)
+        kd_run_workers(insert_worker, &c, threads);
     return c.err;
 }

@@ -104,6 +104,20 @@ struct kd_build_oracle {
     void *ctx;
 };
 
+/* The diversity rule insertion uses, for a caller that rebuilds a list:
+ * of candidates c[0..n), ascending by distance to the node, keep in order
+ * those closer to the node than to any one kept before, at most cap; their
+ * rows go to out. Returns how many were kept. */
+size_t kd_graph_select(const struct kd_build_oracle *o, const struct kd_heap_item *c, size_t n,
+                       size_t cap, uint32_t *out);
+
+/* Nodes[0..n), already in the graph (count and entry set), whose level-0
+ * lists have grown thin: each is searched for from the entry as insertion
+ * does, its remaining neighbours are merged with what the beam found, the
+ * diverse ones become its list (at most m) and link back to it. */
+int kd_graph_reconnect(struct kd_graph *g, const uint32_t *nodes, size_t n,
+                       uint32_t ef_construction, const struct kd_build_oracle *o, unsigned threads);
+
 /* Insert nodes [first, last), whose levels and upper lists kd_graph_prepare
  * has set, using `threads` workers. */
 int kd_graph_insert_range(struct kd_graph *g, uint64_t first, uint64_t last,

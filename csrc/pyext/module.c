@@ -202,7 +202,12 @@ static PyMethodDef mod_methods[] = {
      "search_many(indexes, queries, k, ef=0, oversample=0, rerank=True, exact=False, threads=0, "
      "filter=None): one search over several indexes (segments)."},
     {"merge", (PyCFunction)(void (*)(void))kd_mod_merge, METH_VARARGS | METH_KEYWORDS,
-     "merge(path, indexes, ...): write the live vectors of several indexes as one index file."},
+     "merge(path, indexes, threads=0, memory_budget=0, seed=0, progress=None) -> dict: write "
+     "the live vectors of several indexes as one index file. progress(done, total) returning "
+     "False cancels (RuntimeError, no file); it runs with the indexes locked and must not "
+     "modify, search or close them."},
+    {"_merge_kernel_gap", kd_mod_merge_kernel_gap, METH_VARARGS,
+     "_merge_kernel_gap(bits, dim, metric, seed=0): error of merge's distance loops (tests)."},
     {"features", mod_features, METH_NOARGS, "What this build and CPU offer."},
     {"_kernel", mod_kernel, METH_VARARGS, "Run one distance kernel variant (tests)."},
     {"_read_probe", mod_read_probe, METH_VARARGS, "Seconds to stream a float32 buffer."},

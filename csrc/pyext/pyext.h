@@ -94,5 +94,7 @@ PyObject *kd_mod_load_file(PyObject *mod, PyObject *args);
  * merge(path, indexes, ...) in pyext/merge.c. */
 PyObject *kd_mod_search_many(PyObject *mod, PyObject *args, PyObject *kw);
 PyObject *kd_mod_merge(PyObject *mod, PyObject *args, PyObject *kw);
+/* Test hook of merge's build-code distances (pyext/merge.c). */
+PyObject *kd_mod_merge_kernel_gap(PyObject *mod, PyObject *args);
 
 #endif

@@ -1,0 +1,1077 @@
+/* merge.c — several indexes written as one new index file (see merge.h).
+ *
+ * Phases, each input's vectors being read front to back in large chunks:
+ *   fit     one pass: the range of every dimension over all live vectors
+ *           (unit length first for cosine), for the build codes;
+ *   encode  a second pass: the build code of every live vector, and its
+ *           search code where its input's quantizer differs from the base's;
+ *   repair  the base's graph renumbered, its removed nodes dropped; a list
+ *           that lost a neighbour is rebuilt from its surviving neighbours
+ *           and the live neighbours of the ones it lost (the consolidation of
+ *           FreshDiskANN): insertion's diversity rule first, then the
+ *           nearest of the rest up to the length the list had; a level-0
+ *           list left under m/2 is searched for again from the entry;
+ *   insert  the other inputs' live rows, as kd_index_add inserts;
+ *   write   the output through the normal save path, its vector section
+ *           streamed from the inputs in a third pass.
+ * Graph distances come from the build codes: symmetric distances between two
+ * decoded codes, smaller is closer (squared l2, minus the inner product).
+ * Memory: the output's graph, codes and ids, the build codes, a map from
+ * each input row to its output row, and the stream buffers. */
+#include "merge.h"
+#include "common.h"
+#include "index_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#define CHUNK_BYTES (8u << 20) /* vectors of an in-memory input per chunk */
+#define WRITE_BYTES (4u << 20) /* records gathered per write of the output */
+#define GRAPH_STEP 10000       /* nodes repaired or inserted between progress calls */
+#define STACK_DIMS 4096        /* a decoded code this long stays on the stack */
+#define ROWS_PER_THREAD 256    /* fewer rows than this a thread: fewer threads */
+
+/* ---- build codes
+ *
+ * Per-dimension scalar codes: value = lo + step * level. The code of a
+ * vector is `width` bytes, a multiple of 8, so the distance loops need no
+ * tail. With 8 bits, byte j is dimension j. With 4 bits, byte j holds
+ * dimension j in its low nibble and dimension j + width in its high one, so
+ * both halves are read contiguously. Dimensions past dim (padding) have
+ * lo = step = 0 and add nothing. */
+
+/* The sum over a code c of width bytes: (w - step * c)^2 for l2, w * c
+ * otherwise (w and step hold pd floats). */
+typedef float (*bc_row_fn)(const float *w, const float *step, const uint8_t *c, size_t width);
+
+struct bcodes {
+    uint32_t bits, dim;
+    uint32_t width; /* bytes per code */
+    uint32_t pd;    /* dimensions a code can hold: width or 2 * width */
+    int l2;         /* squared l2, else minus the inner product */
+    uint8_t *codes; /* one per output row */
+    float *lo, *step;
+    bc_row_fn row;
+};
+
+/* The scalar reference loops; the AVX2 ones below compute the same sums. */
+static float l2_8bit(const float *w, const float *s, const uint8_t *c, size_t width)
+{
+    float acc = 0;
+    for (size_t j = 0; j < width; j++) {
+        float v = w[j] - s[j] * (float)c[j];
+        acc += v * v;
+    }
+    return acc;
+}
+
+static float ip_8bit(const float *w, const float *s, const uint8_t *c, size_t width)
+{
+    (void)s;
+    float acc = 0;
+    for (size_t j = 0; j < width; j++)
+        acc += w[j] * (float)c[j];
+    return acc;
+}
+
+static float l2_4bit(const float *w, const float *s, const uint8_t *c, size_t width)
+{
+    float acc = 0;
+    for (size_t j = 0; j < width; j++) {
+        float a = w[j] - s[j] * (float)(c[j] & 15),
+              b = w[width + j] - s[width + j] * (float)(c[j] >> 4);
+        acc += a * a + b * b;
+    }
+    return acc;
+}
+
+static float ip_4bit(const float *w, const float *s, const uint8_t *c, size_t width)
+{
+    (void)s;
+    float acc = 0;
+    for (size_t j = 0; j < width; j++)
+        acc += w[j] * (float)(c[j] & 15) + w[width + j] * (float)(c[j] >> 4);
+    return acc;
+}
+
+static const bc_row_fn rows_scalar[4] = {l2_8bit, ip_8bit, l2_4bit, ip_4bit};
+
+#if defined(__x86_64__) || defined(__i386__)
+#define AVX2 __attribute__((target("avx2,fma")))
+
+/* Eight levels of a code as floats: 8-bit ones, or the low or high nibbles
+ * of eight bytes. */
+AVX2 static inline __m256 levels8(const uint8_t *c)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)c)));
+}
+
+AVX2 static inline __m256i nibbles8(const uint8_t *c)
+{
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)c));
+}
+
+AVX2 static inline float hsum8(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+AVX2 static float l2_8bit_avx2(const float *w, const float *s, const uint8_t *c, size_t width)
+{
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t j = 0; j < width; j += 8) {
+        __m256 v = _mm256_fnmadd_ps(_mm256_loadu_ps(s + j), levels8(c + j), _mm256_loadu_ps(w + j));
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    return hsum8(acc);
+}
+
+AVX2 static float ip_8bit_avx2(const float *w, const float *s, const uint8_t *c, size_t width)
+{
+    (void)s;
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t j = 0; j < width; j += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(w + j), levels8(c + j), acc);
+    return hsum8(acc);
+}
+
+AVX2 static float l2_4bit_avx2(const float *w, const float *s, const uint8_t *c, size_t width)
+{
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi32(15);
+    for (size_t j = 0; j < width; j += 8) {
+        __m256i b = nibbles8(c + j);
+        __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(b, low)),
+               hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+        __m256 u = _mm256_fnmadd_ps(_mm256_loadu_ps(s + j), lo, _mm256_loadu_ps(w + j));
+        __m256 v = _mm256_fnmadd_ps(_mm256_loadu_ps(s + width + j), hi,
+                                    _mm256_loadu_ps(w + width + j));
+        acc = _mm256_fmadd_ps(u, u, acc);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    return hsum8(acc);
+}
+
+AVX2 static float ip_4bit_avx2(const float *w, const float *s, const uint8_t *c, size_t width)
+{
+    (void)s;
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi32(15);
+    for (size_t j = 0; j < width; j += 8) {
+        __m256i b = nibbles8(c + j);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(w + j), _mm256_cvtepi32_ps(_mm256_and_si256(b, low)),
+                              acc);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(w + width + j),
+                              _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), acc);
+    }
+    return hsum8(acc);
+}
+
+static const bc_row_fn rows_avx2[4] = {l2_8bit_avx2, ip_8bit_avx2, l2_4bit_avx2, ip_4bit_avx2};
+#endif
+
+/* The loop for a metric and width: AVX2 where the CPU has it, unless the
+ * scalar reference is asked for. */
+static bc_row_fn bc_pick(int l2, uint32_t bits, int scalar)
+{
+    int i = (bits == 4 ? 2 : 0) + !l2;
+#if defined(__x86_64__) || defined(__i386__)
+    if (!scalar && kd_cpu_has_avx2())
+        return rows_avx2[i];
+#endif
+    (void)scalar;
+    return rows_scalar[i];
+}
+
+static int bc_init(struct bcodes *b, uint32_t bits, uint32_t dim, int metric, uint64_t rows,
+                   int scalar)
+{
+    memset(b, 0, sizeof *b);
+    b->bits = bits;
+    b->dim = dim;
+    b->width = (uint32_t)kd_round_up(bits == 8 ? dim : (dim + 1) / 2, 8);
+    b->pd = bits == 8 ? b->width : 2 * b->width;
+    b->l2 = metric == KD_L2;
+    b->row = bc_pick(b->l2, bits, scalar);
+    b->lo = calloc(b->pd, sizeof(float));
+    b->step = calloc(b->pd, sizeof(float));
+    b->codes = calloc(rows ? rows : 1, b->width);
+    if (!b->lo || !b->step || !b->codes)
+        return kd_fail(-ENOMEM, "out of memory for the build codes (%llu bytes)",
+                       (unsigned long long)(rows * b->width));
+    return 0;
+}
+
+static void bc_free(struct bcodes *b)
+{
+    free(b->lo);
+    free(b->step);
+    free(b->codes);
+    memset(b, 0, sizeof *b);
+}
+
+/* The level of position j (a dimension) in code c. */
+static inline unsigned bc_level(const struct bcodes *b, const uint8_t *c, uint32_t j)
+{
+    if (b->bits == 8)
+        return c[j];
+    return j < b->width ? c[j] & 15u : (unsigned)c[j - b->width] >> 4;
+}
+
+static void bc_encode(const struct bcodes *b, const float *x, uint8_t *c)
+{
+    int top = (1 << b->bits) - 1;
+    memset(c, 0, b->width);
+    for (uint32_t j = 0; j < b->dim; j++) {
+        int u = (int)lrintf((x[j] - b->lo[j]) / b->step[j]);
+        u = u < 0 ? 0 : (u > top ? top : u);
+        if (b->bits == 8)
+            c[j] = (uint8_t)u;
+        else if (j < b->width)
+            c[j] |= (uint8_t)u;
+        else
+            c[j - b->width] |= (uint8_t)(u << 4);
+    }
+}
+
+/* The distance of two codes with no scratch: the slow path for a code too
+ * long for the stack when the heap has no room either. */
+static float bc_pair(const struct bcodes *b, const uint8_t *x, const uint8_t *y)
+{
+    double acc = 0;
+    for (uint32_t j = 0; j < b->dim; j++) {
+        double u = b->lo[j] + (double)b->step[j] * bc_level(b, x, j),
+               v = b->lo[j] + (double)b->step[j] * bc_level(b, y, j);
+        acc += b->l2 ? (u - v) * (u - v) : u * v;
+    }
+    return b->l2 ? (float)acc : (float)-acc;
+}
+
+/* The build oracle: node a is decoded once, then each row is one pass of
+ * the vectorized loop over its code. */
+static void bc_from(void *ctx, uint32_t a, const uint32_t *rows, size_t n, float *out)
+{
+    const struct bcodes *b = ctx;
+    const uint8_t *ca = b->codes + (size_t)a * b->width;
+    float stack[STACK_DIMS], *w = stack;
+    if (b->pd > STACK_DIMS && !(w = malloc(b->pd * sizeof(float)))) {
+        for (size_t i = 0; i < n; i++)
+            out[i] = bc_pair(b, ca, b->codes + (size_t)rows[i] * b->width);
+        return;
+    }
+    float base = 0;
+    for (uint32_t j = 0; j < b->pd; j++) {
+        float level = (float)bc_level(b, ca, j);
+        if (b->l2) {
+            w[j] = b->step[j] * level;
+        } else {
+            float x = b->lo[j] + b->step[j] * level;
+            w[j] = x * b->step[j];
+            base += x * b->lo[j];
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        float r = b->row(w, b->step, b->codes + (size_t)rows[i] * b->width, b->width);
+        out[i] = b->l2 ? r : -(base + r);
+    }
+    if (w != stack)
+        free(w);
+}
+
+/* ---- test hook */
+
+static uint64_t next_random(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+double kd_merge_kernel_gap(uint32_t bits, uint32_t dim, int metric, uint64_t seed)
+{
+    enum { ROWS = 64 };
+    struct bcodes fast = {0}, ref = {0};
+    double gap = -1;
+    if (bc_init(&fast, bits, dim, metric, ROWS, 0) || bc_init(&ref, bits, dim, metric, ROWS, 1))
+        goto out;
+    for (uint32_t j = 0; j < dim; j++) {
+        fast.lo[j] = ref.lo[j] = (float)((int64_t)(next_random(&seed) % 2001) - 1000) / 500.0f;
+        fast.step[j] = ref.step[j] = (float)(next_random(&seed) % 1000 + 1) / 4000.0f;
+    }
+    for (size_t i = 0; i < (size_t)ROWS * fast.width; i++)
+        fast.codes[i] = ref.codes[i] = (uint8_t)next_random(&seed);
+    if (bits == 4) /* the padding of a 4-bit code is zero, as bc_encode leaves it */
+        for (uint32_t r = 0; r < ROWS; r++)
+            for (uint32_t j = dim; j < fast.pd; j++) {
+                uint8_t *c = fast.codes + (size_t)r * fast.width,
+                        *d = ref.codes + (size_t)r * fast.width;
+                uint8_t keep = j < fast.width ? 0xf0 : 0x0f;
+                c[j % fast.width] &= keep;
+                d[j % fast.width] &= keep;
+            }
+    else
+        for (uint32_t r = 0; r < ROWS; r++)
+            for (uint32_t j = dim; j < fast.width; j++)
+                fast.codes[(size_t)r * fast.width + j] = ref.codes[(size_t)r * fast.width + j] = 0;
+    uint32_t rows[ROWS];
+    float a[ROWS], b[ROWS];
+    for (uint32_t r = 0; r < ROWS; r++)
+        rows[r] = r;
+    gap = 0;
+    for (uint32_t node = 0; node < ROWS; node++) {
+        bc_from(&fast, node, rows, ROWS, a);
+        bc_from(&ref, node, rows, ROWS, b);
+        for (uint32_t r = 0; r < ROWS; r++) {
+            double exact = bc_pair(&ref, ref.codes + (size_t)node * ref.width,
+                                   ref.codes + (size_t)r * ref.width);
+            double scale = fabs(exact) + 1e-3 * dim, e1 = fabs(a[r] - exact) / scale,
+                   e2 = fabs(b[r] - exact) / scale;
+            gap = e1 > gap ? e1 : gap;
+            gap = e2 > gap ? e2 : gap;
+        }
+    }
+out:
+    bc_free(&fast);
+    bc_free(&ref);
+    return gap;
+}
+
+/* ---- the merge */
+
+struct input {
+    struct kd_index *ix;
+    uint32_t *to_out;        /* output row of each row; KD_NONE when removed */
+    uint64_t live;           /* live rows */
+    uint64_t lo_row, hi_row; /* [lo_row, hi_row) holds every live row */
+    int same_quant;          /* search codes can be copied */
+};
+
+struct merge {
+    const struct kd_merge_params *mp;
+    struct input *in; /* in output order: the base first */
+    size_t n;
+    struct kd_index *out;
+    struct bcodes bc;
+    unsigned threads;
+    uint64_t done, total;       /* progress */
+    float *lo_part, *hi_part;   /* fit: per worker slot, dim each */
+    double *sum_part, *sq_part; /* sums of values and of their squares */
+    /* write: records gathered for the container writer */
+    struct kd_container_writer *cw;
+    uint8_t *wbuf;
+    size_t wfill, wcap;
+};
+
+static int tick(struct merge *m, uint64_t units)
+{
+    m->done += units;
+    if (m->mp->progress && m->mp->progress(m->mp->progress_arg, m->done, m->total))
+        return kd_fail(-ECANCELED, "merge cancelled by its progress callback");
+    return 0;
+}
+
+static unsigned threads_for(const struct merge *m, uint64_t rows)
+{
+    uint64_t t = (rows + ROWS_PER_THREAD - 1) / ROWS_PER_THREAD;
+    return t < m->threads ? (t ? (unsigned)t : 1) : m->threads;
+}
+
+static uint64_t live_in(const struct input *in, uint64_t first, uint64_t n)
+{
+    uint64_t live = 0;
+    for (uint64_t r = first; r < first + n; r++)
+        live += in->to_out[r] != KD_NONE;
+    return live;
+}
+
+/* fn gets the records of rows [first, first+n) of one input, `stride` bytes
+ * apart, in order and in large chunks. */
+typedef int (*chunk_fn)(struct merge *m, struct input *in, const uint8_t *rec, size_t stride,
+                        uint64_t first, uint64_t n);
+
+static int each_chunk(struct merge *m, struct input *in, chunk_fn fn)
+{
+    struct kd_index *ix = in->ix;
+    if (!in->live)
+        return 0;
+    if (ix->vectors) {
+        size_t stride = ix->record_bytes, chunk = CHUNK_BYTES / stride;
+        chunk = chunk ? chunk : 1;
+        int err = 0;
+        for (uint64_t at = in->lo_row; !err && at < in->hi_row; at += chunk) {
+            uint64_t k = in->hi_row - at < chunk ? in->hi_row - at : chunk;
+            err = fn(m, in, (const uint8_t *)(ix->vectors + at * ix->p.dim), stride, at, k);
+        }
+        return err;
+    }
+    struct kd_vecio_stream *s = NULL;
+    struct kd_io_counters io = {0};
+    int err = kd_vecio_stream_open(ix->vio, in->lo_row, in->hi_row - in->lo_row, &s);
+    while (!err) {
+        const void *buf;
+        uint64_t first;
+        int64_t got = kd_vecio_stream_next(s, &buf, &first, &io);
+        if (got <= 0) {
+            err = (int)got;
+            break;
+        }
+        err = fn(m, in, buf, ix->record_stride, first, (uint64_t)got);
+    }
+    kd_vecio_stream_close(s);
+    struct kd_stats st = {0};
+    st.read_ops = io.read_ops;
+    st.read_bytes = io.read_bytes;
+    st.io_wait_ns = io.wait_ns;
+    kd_index_stats_add(ix, &st);
+    return err;
+}
+
+/* ---- fit and encode: the two passes over the vectors */
+
+struct pass_job {
+    struct merge *m;
+    struct input *in;
+    const uint8_t *rec;
+    size_t stride;
+    uint64_t first, n, next;
+    unsigned slot;
+    int encode; /* 0: fit the ranges */
+    int err;
+};
+
+static void *pass_worker(void *arg)
+{
+    struct pass_job *j = arg;
+    struct merge *m = j->m;
+    const struct kd_index *ix = j->in->ix;
+    uint32_t d = ix->p.dim;
+    int normalized = ix->metric->normalized, reencode = j->encode && !j->in->same_quant;
+    const struct kd_quant *q = &m->out->quant;
+    unsigned slot = __atomic_fetch_add(&j->slot, 1, __ATOMIC_RELAXED);
+    float *lo = m->lo_part + (size_t)slot * d, *hi = m->hi_part + (size_t)slot * d;
+    double *sum = m->sum_part + (size_t)slot * d, *sq = m->sq_part + (size_t)slot * d;
+    float *tmp = malloc(d * sizeof(float)),
+          *work = reencode ? malloc(q->pdim * sizeof(float)) : NULL;
+    if (!tmp || (reencode && !work)) {
+        __atomic_store_n(&j->err, kd_fail(-ENOMEM, "out of memory while merging"),
+                         __ATOMIC_RELAXED);
+        goto out;
+    }
+    for (;;) {
+        uint64_t i = __atomic_fetch_add(&j->next, 64, __ATOMIC_RELAXED);
+        if (i >= j->n)
+            break;
+        uint64_t end = i + 64 < j->n ? i + 64 : j->n;
+        for (; i < end; i++) {
+            uint32_t o = j->in->to_out[j->first + i];
+            if (o == KD_NONE)
+                continue;
+            const float *v = (const float *)(j->rec + i * j->stride);
+            if (normalized) {
+                float inv = kd_inv_norm(ix, v);
+                for (uint32_t t = 0; t < d; t++)
+                    tmp[t] = v[t] * inv;
+                v = tmp;
+            }
+            if (!j->encode) {
+                for (uint32_t t = 0; t < d; t++) {
+                    lo[t] = v[t] < lo[t] ? v[t] : lo[t];
+                    hi[t] = v[t] > hi[t] ? v[t] : hi[t];
+                    sum[t] += v[t];
+                    sq[t] += (double)v[t] * v[t];
+                }
+                continue;
+            }
+            bc_encode(&m->bc, v, m->bc.codes + (size_t)o * m->bc.width);
+            if (reencode)
+                kd_quant_encode(q, v, m->out->codes + (size_t)o * q->code_size, work);
+        }
+    }
+out:
+    free(tmp);
+    free(work);
+    return NULL;
+}
+
+static int pass_chunk(struct merge *m, struct input *in, const uint8_t *rec, size_t stride,
+                      uint64_t first, uint64_t n, int encode)
+{
+    struct pass_job j = {m, in, rec, stride, first, n, 0, 0, encode, 0};
+    kd_run_workers(pass_worker, &j, threads_for(m, n));
+    return j.err ? j.err : tick(m, live_in(in, first, n));
+}
+
+static int fit_chunk(struct merge *m, struct input *in, const uint8_t *rec, size_t stride,
+                     uint64_t first, uint64_t n)
+{
+    return pass_chunk(m, in, rec, stride, first, n, 0);
+}
+
+static int encode_chunk(struct merge *m, struct input *in, const uint8_t *rec, size_t stride,
+                        uint64_t first, uint64_t n)
+{
+    return pass_chunk(m, in, rec, stride, first, n, 1);
+}
+
+/* 8-bit build codes span each dimension's extremes. Sixteen levels spread
+ * over the extremes are coarse where the values crowd (measured: recall at
+ * small ef 0.01 to 0.04 under a fresh build's), so 4-bit ones span the mean
+ * plus or minus CLIP_SIGMAS standard deviations (within the extremes), and
+ * the few values outside are clamped. */
+#define CLIP_SIGMAS 2.5
+
+/* The ranges of the build codes from what every worker slot gathered over
+ * `rows` vectors. */
+static void fit_ranges(struct merge *m, uint64_t rows)
+{
+    struct bcodes *b = &m->bc;
+    float top = (float)((1u << b->bits) - 1);
+    for (uint32_t t = 0; t < b->dim; t++) {
+        float lo = INFINITY, hi = -INFINITY;
+        double sum = 0, sq = 0;
+        for (unsigned s = 0; s < m->threads; s++) {
+            size_t at = (size_t)s * b->dim + t;
+            lo = m->lo_part[at] < lo ? m->lo_part[at] : lo;
+            hi = m->hi_part[at] > hi ? m->hi_part[at] : hi;
+            sum += m->sum_part[at];
+            sq += m->sq_part[at];
+        }
+        if (!(lo <= hi))
+            lo = hi = 0;
+        if (b->bits == 4 && rows) {
+            double mean = sum / (double)rows, var = sq / (double)rows - mean * mean;
+            double reach = CLIP_SIGMAS * (var > 0 ? sqrt(var) : 0);
+            if (mean - reach > lo)
+                lo = (float)(mean - reach);
+            if (mean + reach < hi)
+                hi = (float)(mean + reach);
+        }
+        b->lo[t] = lo;
+        b->step[t] = hi > lo ? (hi - lo) / top : 1.0f;
+    }
+}
+
+/* ---- the graph */
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int cmp_item(const void *a, const void *b)
+{
+    const struct kd_heap_item *x = a, *y = b;
+    return (x->dist > y->dist) - (x->dist < y->dist);
+}
+
+struct repair_job {
+    struct merge *m;
+    uint64_t first, last, next; /* base rows */
+    uint64_t repaired;
+    uint32_t *thin; /* nodes to reconnect */
+    uint64_t nthin;
+    int err;
+};
+
+/* Scratch of one repair worker, for lists of up to cap neighbours. */
+struct repair_scratch {
+    uint32_t *cand;
+    float *dist;
+    struct kd_heap_item *items;
+    size_t cap;
+};
+
+/* Node p (base row o) lost neighbours at `level`. Candidates: its surviving
+ * neighbours and the live neighbours of the ones it lost (the consolidation
+ * of FreshDiskANN). The list becomes their diverse choice by insertion's
+ * rule, then, up to the length it had, the nearest of the others: HNSW
+ * lists also hold back-links that no diversity rule chose, and a list cut
+ * down to its diverse core alone leaves the graph measurably worse (recall
+ * at small ef below a fresh build's; with the fill it is on a par). */
+static void repair_list(struct merge *m, uint32_t o, uint32_t p, int level, const uint32_t *src,
+                        uint32_t *dst, struct repair_scratch *rs)
+{
+    const struct input *b = &m->in[0];
+    const struct kd_graph *bg = &b->ix->graph;
+    uint32_t cap = level == 0 ? bg->m0 : bg->m, had = src[0] < cap ? src[0] : cap;
+    size_t n = dst[0];
+    memcpy(rs->cand, dst + 1, n * sizeof(uint32_t));
+    for (uint32_t i = 0; i < had; i++) {
+        uint32_t x = src[1 + i];
+        if (b->to_out[x] != KD_NONE || bg->levels[x] < level)
+            continue;
+        const uint32_t *xl = kd_graph_list(bg, x, level);
+        for (uint32_t t = 0; t < xl[0] && t < cap; t++) {
+            uint32_t y = xl[1 + t];
+            if (y != o && b->to_out[y] != KD_NONE)
+                rs->cand[n++] = b->to_out[y];
+        }
+    }
+    qsort(rs->cand, n, sizeof(uint32_t), cmp_u32);
+    size_t u = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!u || rs->cand[i] != rs->cand[u - 1])
+            rs->cand[u++] = rs->cand[i];
+    bc_from(&m->bc, p, rs->cand, u, rs->dist);
+    for (size_t i = 0; i < u; i++)
+        rs->items[i] = (struct kd_heap_item){rs->dist[i], rs->cand[i]};
+    qsort(rs->items, u, sizeof *rs->items, cmp_item);
+    struct kd_build_oracle oracle = {bc_from, &m->bc};
+    uint32_t chosen = (uint32_t)kd_graph_select(&oracle, rs->items, u, cap, dst + 1), k = chosen;
+    /* The fill: the candidates not chosen, nearest first. The chosen ones
+     * come in the candidates' order, so one cursor tells them apart. */
+    for (size_t i = 0, t = 0; i < u && k < had; i++) {
+        if (t < chosen && dst[1 + t] == rs->items[i].row)
+            t++;
+        else
+            dst[1 + k++] = rs->items[i].row;
+    }
+    dst[0] = k;
+}
+
+/* Copy base row o's lists to its output node, renumbered; repair those that
+ * lost a neighbour. Returns 1 when it repaired one, or a negative errno. */
+static int copy_node(struct merge *m, uint32_t o, struct repair_scratch *rs, int *thin)
+{
+    const struct input *b = &m->in[0];
+    const struct kd_graph *bg = &b->ix->graph;
+    struct kd_graph *g = &m->out->graph;
+    uint32_t p = b->to_out[o];
+    int top = bg->levels[o], repaired = 0;
+    g->levels[p] = (uint8_t)top;
+    g->locks[p] = 0;
+    if (top && !(g->upper[p] = calloc((size_t)top * (1 + g->m), sizeof(uint32_t))))
+        return kd_fail(-ENOMEM, "out of memory for the graph");
+    *thin = 0;
+    for (int level = 0; level <= top; level++) {
+        uint32_t cap = level == 0 ? g->m0 : g->m;
+        const uint32_t *src = kd_graph_list(bg, o, level);
+        uint32_t *dst = kd_graph_list(g, p, level), k = 0, lost = 0;
+        for (uint32_t i = 0; i < src[0] && i < cap; i++) {
+            uint32_t y = b->to_out[src[1 + i]];
+            if (y == KD_NONE)
+                lost++;
+            else
+                dst[1 + k++] = y;
+        }
+        dst[0] = k;
+        if (lost) {
+            repair_list(m, o, p, level, src, dst, rs);
+            repaired = 1;
+            if (level == 0 && dst[0] < g->m / 2 && dst[0] < src[0])
+                *thin = 1;
+        }
+    }
+    return repaired;
+}
+
+static void *repair_worker(void *arg)
+{
+    struct repair_job *j = arg;
+    struct merge *m = j->m;
+    const struct input *b = &m->in[0];
+    uint32_t m0 = m->out->graph.m0;
+    struct repair_scratch rs;
+    rs.cap = m0 + (size_t)m0 * m0;
+    rs.cand = malloc(rs.cap * sizeof *rs.cand);
+    rs.dist = malloc(rs.cap * sizeof *rs.dist);
+    rs.items = malloc(rs.cap * sizeof *rs.items);
+    uint64_t repaired = 0;
+    int err = rs.cand && rs.dist && rs.items ? 0 : kd_fail(-ENOMEM, "out of memory while merging");
+    while (!err && !__atomic_load_n(&j->err, __ATOMIC_RELAXED)) {
+        uint64_t i = __atomic_fetch_add(&j->next, 64, __ATOMIC_RELAXED);
+        if (i >= j->last)
+            break;
+        uint64_t end = i + 64 < j->last ? i + 64 : j->last;
+        for (; i < end && !err; i++) {
+            if (b->to_out[i] == KD_NONE)
+                continue;
+            int thin = 0, r = copy_node(m, (uint32_t)i, &rs, &thin);
+            if (r < 0)
+                err = r;
+            repaired += r > 0;
+            if (thin)
+                j->thin[__atomic_fetch_add(&j->nthin, 1, __ATOMIC_RELAXED)] = b->to_out[i];
+        }
+    }
+    if (err)
+        __atomic_store_n(&j->err, err, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&j->repaired, repaired, __ATOMIC_RELAXED);
+    free(rs.cand);
+    free(rs.dist);
+    free(rs.items);
+    return NULL;
+}
+
+/* The base's graph, renumbered and repaired; its entry point. */
+static int reuse_graph(struct merge *m, struct kd_merge_report *rep)
+{
+    const struct input *b = &m->in[0];
+    const struct kd_graph *bg = &b->ix->graph;
+    struct kd_graph *g = &m->out->graph;
+    struct repair_job j = {m, 0, 0, 0, 0, malloc((b->live ? b->live : 1) * sizeof(uint32_t)), 0, 0};
+    if (!j.thin)
+        return kd_fail(-ENOMEM, "out of memory while merging");
+    int err = 0;
+    for (uint64_t at = b->lo_row; !err && at < b->hi_row; at += GRAPH_STEP) {
+        j.next = at;
+        j.last = b->hi_row - at < GRAPH_STEP ? b->hi_row : at + GRAPH_STEP;
+        kd_run_workers(repair_worker, &j, threads_for(m, j.last - at));
+        err = j.err ? j.err : tick(m, live_in(b, at, j.last - at));
+    }
+    if (err) {
+        free(j.thin);
+        return err;
+    }
+    rep->nodes_repaired = j.repaired;
+    /* The entry: the base's, unless it was removed or a live node stands
+     * higher; else the first live node of the highest level. */
+    int top = -1;
+    uint32_t entry = KD_NONE;
+    for (uint64_t p = 0; p < b->live; p++)
+        if ((int)g->levels[p] > top) {
+            top = g->levels[p];
+            entry = (uint32_t)p;
+        }
+    if (bg->entry != KD_NONE && b->to_out[bg->entry] != KD_NONE &&
+        (int)bg->levels[bg->entry] == top)
+        entry = b->to_out[bg->entry];
+    g->entry = entry;
+    g->max_level = top;
+    g->count = b->live;
+    /* Lists left thin at level 0 are searched for anew, in node order (the
+     * workers above found them in any order). */
+    qsort(j.thin, j.nthin, sizeof(uint32_t), cmp_u32);
+    struct kd_build_oracle o = {bc_from, &m->bc};
+    if (j.nthin && g->entry != KD_NONE)
+        err = kd_graph_reconnect(g, j.thin, j.nthin, m->out->p.ef_construction, &o, m->threads);
+    rep->nodes_reconnected = j.nthin;
+    free(j.thin);
+    return err;
+}
+
+static int insert_rest(struct merge *m, uint64_t first, uint64_t total)
+{
+    struct kd_graph *g = &m->out->graph;
+    int err = kd_graph_prepare(g, first, total, m->mp->seed);
+    struct kd_build_oracle o = {bc_from, &m->bc};
+    for (uint64_t at = first; !err && at < total; at += GRAPH_STEP) {
+        uint64_t last = total - at < GRAPH_STEP ? total : at + GRAPH_STEP;
+        err = kd_graph_insert_range(g, at, last, m->out->p.ef_construction, &o, m->threads);
+        if (!err)
+            err = tick(m, last - at);
+    }
+    return err;
+}
+
+/* ---- writing */
+
+/* The output's vector source: its records come from the inputs. */
+struct merge_source {
+    struct kd_vsource vs; /* first: the index's src points here */
+    struct merge *m;
+};
+
+static int flush_records(struct merge *m)
+{
+    if (!m->wfill)
+        return 0;
+    int err = kd_cw_write(m->cw, m->wbuf, m->wfill * m->out->record_stride);
+    if (!err)
+        err = tick(m, m->wfill);
+    m->wfill = 0;
+    return err;
+}
+
+static int write_chunk(struct merge *m, struct input *in, const uint8_t *rec, size_t stride,
+                       uint64_t first, uint64_t n)
+{
+    size_t bytes = m->out->record_bytes, out_stride = m->out->record_stride;
+    int err = 0;
+    for (uint64_t i = 0; i < n && !err; i++) {
+        if (in->to_out[first + i] == KD_NONE)
+            continue;
+        memcpy(m->wbuf + m->wfill * out_stride, rec + i * stride, bytes);
+        if (++m->wfill == m->wcap)
+            err = flush_records(m);
+    }
+    return err;
+}
+
+static int save_vectors(struct kd_index *ix, struct kd_container_writer *cw)
+{
+    struct merge *m = ((const struct merge_source *)ix->src)->m;
+    size_t stride = ix->record_stride;
+    m->wcap = WRITE_BYTES / stride ? WRITE_BYTES / stride : 1;
+    /* Zeroed once: the padding of every record stays zero. */
+    if (!(m->wbuf = kd_alloc_aligned(64, m->wcap * stride)))
+        return kd_fail(-ENOMEM, "out of memory while merging");
+    memset(m->wbuf, 0, m->wcap * stride);
+    m->cw = cw;
+    m->wfill = 0;
+    int err = 0;
+    for (size_t i = 0; i < m->n && !err; i++)
+        err = each_chunk(m, &m->in[i], write_chunk);
+    if (!err)
+        err = flush_records(m);
+    kd_free_aligned(m->wbuf);
+    m->wbuf = NULL;
+    return err;
+}
+
+static int emit(void *arg, struct kd_writer *w) { return kd_index_save(arg, w); }
+
+/* ---- setup */
+
+static int check_inputs(struct kd_index **in, size_t n)
+{
+    if (!n)
+        return kd_fail(-EINVAL, "merge needs at least one index");
+    const struct kd_index_params *p = &in[0]->p;
+    for (size_t i = 0; i < n; i++) {
+        const struct kd_index_params *q = &in[i]->p;
+        for (size_t k = 0; k < i; k++)
+            if (in[k] == in[i])
+                return kd_fail(-EINVAL, "merge got the same index twice (inputs %zu and %zu)", k,
+                               i);
+        if (q->dim != p->dim)
+            return kd_fail(-EINVAL, "cannot merge indexes of dim %u and %u (inputs 0 and %zu)",
+                           p->dim, q->dim, i);
+        if (q->metric != p->metric)
+            return kd_fail(-EINVAL, "cannot merge %s and %s indexes (inputs 0 and %zu)",
+                           kd_metric(p->metric)->name, kd_metric(q->metric)->name, i);
+        if (q->quantization != p->quantization)
+            return kd_fail(-EINVAL,
+                           "cannot merge %d-bit and %d-bit quantization (inputs 0 and %zu)",
+                           p->quantization, q->quantization, i);
+        if (q->m != p->m)
+            return kd_fail(-EINVAL, "cannot merge graphs of m=%u and m=%u (inputs 0 and %zu)", p->m,
+                           q->m, i);
+    }
+    return 0;
+}
+
+static int cmp_ptr(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t) * (struct kd_index *const *)a,
+              y = (uintptr_t) * (struct kd_index *const *)b;
+    return (x > y) - (x < y);
+}
+
+/* Live rows, their output rows and where they lie, per input; checks that
+ * no id is live twice. Returns the total through *total. */
+static int map_rows(struct merge *m, uint64_t *total)
+{
+    uint64_t next = 0;
+    for (size_t i = 0; i < m->n; i++) {
+        struct input *in = &m->in[i];
+        struct kd_index *ix = in->ix;
+        in->to_out = malloc((ix->count ? ix->count : 1) * sizeof(uint32_t));
+        if (!in->to_out)
+            return kd_fail(-ENOMEM, "out of memory while merging");
+        in->lo_row = ix->count;
+        for (uint64_t r = 0; r < ix->count; r++) {
+            if (ix->deleted[r]) {
+                in->to_out[r] = KD_NONE;
+                continue;
+            }
+            if (next >= UINT32_MAX - 1)
+                return kd_fail(-EOVERFLOW, "an index holds at most %u vectors", UINT32_MAX - 1);
+            in->to_out[r] = (uint32_t)next++;
+            in->lo_row = in->live++ ? in->lo_row : r;
+            in->hi_row = r + 1;
+        }
+    }
+    *total = next;
+    struct kd_idmap ids;
+    int err = kd_idmap_init(&ids, next);
+    for (size_t i = 0; i < m->n && !err; i++) {
+        const struct input *in = &m->in[i];
+        for (uint64_t r = in->lo_row; r < in->hi_row && !err; r++)
+            if (in->to_out[r] != KD_NONE && kd_idmap_put(&ids, in->ix->ids[r], in->to_out[r]))
+                err = kd_fail(-EEXIST, "id %lld is live in more than one of the merged indexes",
+                              (long long)in->ix->ids[r]);
+    }
+    kd_idmap_free(&ids);
+    return err;
+}
+
+/* The output index: the base's parameters and quantizer, its arrays sized
+ * for total rows, ids and copied codes filled in. */
+static int make_output(struct merge *m, uint64_t total)
+{
+    struct kd_index *base = m->in[0].ix, *out = NULL;
+    int err = kd_index_alloc(&out, &base->p);
+    if (err)
+        return err;
+    m->out = out;
+    if ((err = kd_quant_copy(&out->quant, &base->quant)))
+        return err;
+    out->estimate = kd_estimator(&out->quant);
+    out->trained = 1;
+    out->record_stride = base->record_stride;
+    uint64_t rows = total ? total : 1;
+    size_t cs = out->quant.code_size;
+    out->ids = malloc(rows * sizeof(int64_t));
+    out->codes = malloc(rows * cs);
+    out->deleted = calloc(rows, 1);
+    if (!out->ids || !out->codes || !out->deleted || kd_graph_reserve(&out->graph, rows))
+        return kd_fail(-ENOMEM, "out of memory for the merged index (%llu rows)",
+                       (unsigned long long)total);
+    memset(out->graph.upper, 0, rows * sizeof(uint32_t *));
+    /* Unused list slots are written to the file too: zero, not heap left-overs. */
+    memset(out->graph.level0, 0, rows * (1 + out->graph.m0) * sizeof(uint32_t));
+    out->graph.count = total; /* so that freeing it frees every upper list */
+    out->count = out->cap = out->live = total;
+    for (size_t i = 0; i < m->n; i++) {
+        struct input *in = &m->in[i];
+        struct kd_index *ix = in->ix;
+        in->same_quant = kd_quant_equal(&ix->quant, &base->quant);
+        for (uint64_t r = in->lo_row; r < in->hi_row; r++) {
+            uint32_t o = in->to_out[r];
+            if (o == KD_NONE)
+                continue;
+            out->ids[o] = ix->ids[r];
+            if (in->same_quant)
+                memcpy(out->codes + (size_t)o * cs, ix->codes + (size_t)r * cs, cs);
+        }
+    }
+    return 0;
+}
+
+static double secs_since(uint64_t t0) { return (double)(kd_now_ns() - t0) * 1e-9; }
+
+static int run(struct merge *m, const char *path, struct kd_merge_report *rep)
+{
+    uint64_t t0 = kd_now_ns(), t, total = 0;
+    int err = map_rows(m, &total);
+    if (!err)
+        err = make_output(m, total);
+    if (err)
+        return err;
+    for (size_t i = 0; i < m->n; i++)
+        rep->codes_reencoded += m->in[i].same_quant ? 0 : m->in[i].live;
+    m->total = 4 * total;
+    if ((err = tick(m, 0)))
+        return err;
+    uint32_t d = m->out->p.dim;
+    if (total) {
+        /* 8-bit codes take dim bytes a row, rounded up to 8. */
+        uint64_t budget = m->mp->memory_budget;
+        uint32_t bits = !budget || total * kd_round_up(d, 8) <= budget ? 8 : 4;
+        rep->build_code_bits = bits;
+        if ((err = bc_init(&m->bc, bits, d, m->out->p.metric, total, 0)))
+            return err;
+        m->lo_part = malloc((size_t)m->threads * d * sizeof(float));
+        m->hi_part = malloc((size_t)m->threads * d * sizeof(float));
+        m->sum_part = calloc((size_t)m->threads * d, sizeof(double));
+        m->sq_part = calloc((size_t)m->threads * d, sizeof(double));
+        if (!m->lo_part || !m->hi_part || !m->sum_part || !m->sq_part)
+            return kd_fail(-ENOMEM, "out of memory while merging");
+        for (size_t i = 0; i < (size_t)m->threads * d; i++) {
+            m->lo_part[i] = INFINITY;
+            m->hi_part[i] = -INFINITY;
+        }
+        t = kd_now_ns();
+        for (size_t i = 0; i < m->n && !err; i++)
+            err = each_chunk(m, &m->in[i], fit_chunk);
+        if (err)
+            return err;
+        fit_ranges(m, total);
+        rep->fit_seconds = secs_since(t);
+        t = kd_now_ns();
+        for (size_t i = 0; i < m->n && !err; i++)
+            err = each_chunk(m, &m->in[i], encode_chunk);
+        rep->encode_seconds = secs_since(t);
+        if (err)
+            return err;
+        t = kd_now_ns();
+        if ((err = reuse_graph(m, rep)))
+            return err;
+        rep->repair_seconds = secs_since(t);
+        t = kd_now_ns();
+        err = insert_rest(m, m->in[0].live, total);
+        m->out->graph.count = total;
+        rep->insert_seconds = secs_since(t);
+        if (err)
+            return err;
+    }
+    rep->rows_written = total;
+    rep->rows_reused = m->in[0].live;
+    rep->rows_inserted = total - m->in[0].live;
+    /* The build codes are done with: the write needs only stream buffers. */
+    bc_free(&m->bc);
+    t = kd_now_ns();
+    struct merge_source src = {kd_vsource_memory, m};
+    src.vs.name = "merge";
+    src.vs.save = save_vectors;
+    m->out->src = &src.vs;
+    err = kd_save_atomic(path, emit, m->out);
+    m->out->src = &kd_vsource_memory;
+    rep->write_seconds = secs_since(t);
+    rep->total_seconds = secs_since(t0);
+    return err;
+}
+
+int kd_merge(const char *path, struct kd_index **in, size_t n, const struct kd_merge_params *mp,
+             struct kd_merge_report *rep)
+{
+    struct kd_merge_report local;
+    rep = rep ? rep : &local;
+    memset(rep, 0, sizeof *rep);
+    int err = check_inputs(in, n);
+    if (err)
+        return err;
+    /* Read locks in address order, so that two merges never wait on each
+     * other. */
+    struct kd_index **locked = malloc(n * sizeof *locked);
+    struct merge m = {0};
+    m.in = calloc(n, sizeof *m.in);
+    if (!locked || !m.in) {
+        free(locked);
+        free(m.in);
+        return kd_fail(-ENOMEM, "out of memory");
+    }
+    memcpy(locked, in, n * sizeof *locked);
+    qsort(locked, n, sizeof *locked, cmp_ptr);
+    for (size_t i = 0; i < n; i++)
+        pthread_rwlock_rdlock(&locked[i]->lock);
+    /* The base: the most live rows, the first of equals. */
+    size_t base = 0;
+    for (size_t i = 1; i < n; i++)
+        if (in[i]->live > in[base]->live)
+            base = i;
+    m.in[0].ix = in[base];
+    for (size_t i = 0, k = 1; i < n; i++)
+        if (i != base)
+            m.in[k++].ix = in[i];
+    m.n = n;
+    m.mp = mp;
+    m.threads = kd_resolve_threads(mp->threads);
+    m.threads = m.threads > 256 ? 256 : m.threads;
+    rep->base = (uint32_t)base;
+    err = run(&m, path, rep);
+    for (size_t i = 0; i < n; i++)
+        pthread_rwlock_unlock(&locked[i]->lock);
+    for (size_t i = 0; i < n; i++)
+        free(m.in[i].to_out);
+    kd_index_free(m.out);
+    bc_free(&m.bc);
+    free(m.lo_part);
+    free(m.hi_part);
+    free(m.sum_part);
+    free(m.sq_part);
+    free(m.in);
+    free(locked);
+    return err;
+}
