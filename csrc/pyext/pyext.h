@@ -10,12 +10,6 @@
 #define PY_ARRAY_UNIQUE_SYMBOL kd_ARRAY_API
 #ifndef KD_PYEXT_MODULE
 #define NO_IMPORT_ARRAY
-/* Module functions over several indexes (segments of a collection):
- * search_many(indexes, queries, k, ...) in pyext/segments.c and
- * merge(path, indexes, ...) in pyext/merge.c. */
-PyObject *kd_mod_search_many(PyObject *mod, PyObject *args, PyObject *kw);
-PyObject *kd_mod_merge(PyObject *mod, PyObject *args, PyObject *kw);
-
 #endif
 #include <numpy/arrayobject.h>
 
