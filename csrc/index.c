@@ -171,7 +171,8 @@ int kd_index_train(struct kd_index *ix, const float *x, size_t n)
             memcpy(sample + i * d, v, d * sizeof(float));
     }
     pthread_rwlock_wrlock(&ix->lock);
-    if (ix->count == 0 && !ix->src->read_only) {
+    /* An adopted quantizer is kept: segments of one collection must agree. */
+    if (ix->count == 0 && !ix->src->read_only && !ix->adopted) {
         err = kd_quant_train(&ix->quant, sample, m, ix->p.seed, kd_cpu_count());
         ix->trained = !err;
     }
@@ -201,7 +202,7 @@ int kd_index_adopt_quantizer(struct kd_index *ix, struct kd_index *from)
     } else {
         kd_quant_free(&ix->quant);
         ix->quant = q;
-        ix->trained = 1;
+        ix->trained = ix->adopted = 1;
     }
     pthread_rwlock_unlock(&ix->lock);
     return err;

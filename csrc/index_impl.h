@@ -53,6 +53,7 @@ struct kd_index {
     uint32_t record_stride, record_bytes;
     struct kd_quant quant;
     int trained;
+    int adopted; /* the quantizer came from another index: train leaves it */
     const struct kd_kernels *kern;
     kd_estimate_fn estimate;
 

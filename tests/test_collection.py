@@ -316,7 +316,10 @@ def test_merge_drops_removed_and_keeps_answers(tmp_path, data):
     assert g == col.generation
     segs = col.segments()
     assert len(segs) == 2
-    assert sum(s["count"] for s in segs) == 6000      # removed records are gone
+    assert sum(s["live"] for s in segs) == 6000
+    # The merged segment holds no removed record (the other was not merged).
+    merged = max(segs, key=lambda s: s["name"])
+    assert merged["count"] == merged["live"] and merged["removed"] == 0
     after = col.search(q, k=10, exact=True)
     np.testing.assert_array_equal(before[1], after[1])
     col.merge()
