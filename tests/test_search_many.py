@@ -7,7 +7,10 @@ graph search; read ONE shortlist of ceil(k * oversample) records per query
 across all segments, not one per segment; count each query once; and
 release the GIL."""
 import math
+import os
+import subprocess
 import sys
+import textwrap
 import threading
 
 import numpy as np
@@ -561,3 +564,70 @@ def test_no_reference_leaks(pair):
     for _ in range(200):
         calls()
     assert [sys.getrefcount(o) for o in watched] == before
+
+
+# Run in a child: a deadlock there is a timeout here, not a hung test run.
+OPPOSITE_ORDERS = textwrap.dedent("""
+    import threading
+    import numpy as np
+    import knndirect as kd
+    from knndirect import _core
+
+    x = kd.datasets.clustered(5016, 16, seed=61)
+    q, x = x[5000:], x[:5000]
+    a = kd.Index(16, "l2", ef_construction=40)
+    a.add(x[:1000], np.arange(1000))
+    b = kd.Index(16, "l2", ef_construction=40)
+    b._core.adopt_quantizer(a._core)
+    b.add(x[1000:2000], np.arange(1000, 2000))
+    stop, errors = threading.Event(), []
+
+    def guarded(fn):
+        def run():
+            try:
+                fn()
+            except BaseException as e:
+                errors.append(repr(e))
+                stop.set()
+        return run
+
+    def searcher(cores):
+        while not stop.is_set():
+            for kw in ({}, {"exact": True}, {"rerank": False}):
+                D, I = _core.search_many(cores, q, 5, threads=2, **kw)
+                assert (I >= 0).all() and np.isfinite(D).all(), kw
+
+    def writer(seg, start):
+        for i in range(start, start + 1500, 50):
+            seg.add(x[i:i + 50], np.arange(i, i + 50))
+            seg.remove([i + 7])
+
+    searchers = [threading.Thread(target=guarded(lambda: searcher([a._core, b._core]))),
+                 threading.Thread(target=guarded(lambda: searcher([b._core, a._core])))]
+    writers = [threading.Thread(target=guarded(lambda: writer(a, 2000))),
+               threading.Thread(target=guarded(lambda: writer(b, 3500)))]
+    for t in searchers + writers:
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    for t in searchers:
+        t.join()
+    assert not errors, errors
+    D, I = _core.search_many([a._core, b._core], x[2007:5000:50].copy(), 5)
+    assert not set(range(2007, 5000, 50)) & set(I.ravel().tolist())
+    print("ok")
+""")
+
+
+def test_writers_and_searches_in_opposite_orders():
+    """Searches listing the segments in both orders while a writer adds to
+    and removes from each: no deadlock (the read locks prefer writers, and
+    are taken in one order whatever the list's), and every answer is whole."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    try:
+        r = subprocess.run([sys.executable, "-c", OPPOSITE_ORDERS], env=env,
+                           capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("deadlock: the child did not finish in 120 s")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
