@@ -431,3 +431,48 @@ def test_orphans_removed_at_writable_open(tmp_path, data):
     left = sorted(os.listdir(path))
     assert "notes.txt" in left
     assert not any("000099" in f or "tmp" in f or "000042" in f for f in left)
+
+
+def test_segments_share_one_quantizer(tmp_path):
+    x = clustered(26000, 8, seed=30)
+    path = tmp_path / "col"
+    col = kd.Collection.create(path, 8, memory_budget=21000 * 8 * 4, merge_policy=None)
+    col.add(x[:100])               # too few to fit a quantizer on: refitted at the flush
+    col.add(x[100:])               # a buffer over 20000 rows, then a second segment
+    col.commit()
+    names = [s["name"] for s in col.segments()]
+    assert len(names) == 2
+    q = kd.load(path / col._doc["quantizer"])
+    segs = [kd.open(path / n) for n in names]
+    assert all(s._core.same_quantizer(q._core) for s in segs)
+    col.merge()
+    report = col.info()["last_merge"]
+    assert report["codes_reencoded"] == 0       # codes copied, not encoded again
+    assert report["rows_reused"] == 21000 and report["rows_inserted"] == 5000
+    assert sorted(report["inputs"]) == names
+
+
+def test_cli_builds_a_collection_in_chunks(tmp_path):
+    x = clustered(6000, DIM, seed=31)
+    q = clustered(50, DIM, seed=32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "col"
+    budget = 2000 * DIM * 4
+    run = subprocess.run([sys.executable, "-m", "knndirect", "build", str(tmp_path / "x.npy"),
+                          str(out), "--memory-budget", str(budget), "--segments", "1",
+                          "--progress"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "as 3 segment(s)" in run.stdout and "1 segment(s)" in run.stdout
+    assert "merge" in run.stderr and "build" in run.stderr      # progress of both phases
+    col = kd.open(out)
+    assert len(col) == 6000 and len(col.segments()) == 1
+    np.testing.assert_array_equal(col.get_vectors([0, 5999]), x[[0, 5999]])
+    truth = ground_truth(x, q, 10)[0]
+    assert recall_at_k(col.search(q, k=10)[1], truth, 10) >= 0.95
+    info = subprocess.run([sys.executable, "-m", "knndirect", "info", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert info.returncode == 0 and "6,000" in info.stdout
+    again = subprocess.run([sys.executable, "-m", "knndirect", "build", str(tmp_path / "x.npy"),
+                            str(out), "--memory-budget", "1MiB"], capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode != 0 and "not empty" in again.stderr

@@ -344,6 +344,7 @@ class Collection:
         self._retired_stats = {}
         self._merge_thread = None
         self._merge_error = None
+        self._last_merge = None
         self._merge_cancel = threading.Event()
 
     def _lock_dir(self):
@@ -826,7 +827,8 @@ class Collection:
                     h.remove(removed)
                 handles.append(h)
         path = os.path.join(self._path, name)
-        report, close = _progress_callback(progress, sum(len(h) for h in handles))
+        # The core counts four passes over the rows (fit, encode, graph, write).
+        report, close = _progress_callback(progress, 4 * sum(len(h) for h in handles))
 
         def step(done, total):
             if cancel is not None and cancel.is_set():
@@ -834,10 +836,10 @@ class Collection:
             return True if report is None else report(done, total) is not False
 
         try:
-            _core.merge(path, [h._core for h in handles],
-                        threads=_default(threads, self._threads) or 0,
-                        memory_budget=self._memory_budget, seed=self._params["seed"],
-                        progress=step)
+            done = _core.merge(path, [h._core for h in handles],
+                               threads=_default(threads, self._threads) or 0,
+                               memory_budget=self._memory_budget, seed=self._params["seed"],
+                               progress=step)
         finally:
             if close is not None:
                 close()
@@ -864,6 +866,9 @@ class Collection:
                 self._retire_stats(s.index)
             rest = [s for s in self._segments if s.name not in gone]
             self._segments = rest[:pos] + [seg] + rest[pos:]
+            done["inputs"] = [s.name for s in inputs]
+            done["output"] = name
+            self._last_merge = done
             self._publish()
             # Flushed-but-uncommitted inputs exist in no commit: gone now.
             committed = {e["name"] for e in self._doc["segments"]}
@@ -1008,8 +1013,10 @@ class Collection:
     def info(self) -> dict:
         """Parameters and state: dim, metric, count, generation, segments,
         buffered (vectors in the write buffer), pending (uncommitted
-        changes), merging, memory_budget, merge_policy, and the I/O facts of
-        the segments (io_backend, direct_io, record_size, alignment) and
+        changes), merging, last_merge (the core's report of this object's
+        last merge: rows reused from the base graph, inserted, repaired,
+        timings), memory_budget, merge_policy, and the I/O facts of the
+        segments (io_backend, direct_io, record_size, alignment) and
         resident_bytes."""
         with self._state:
             self._check_open()
@@ -1022,7 +1029,8 @@ class Collection:
                    "writable": self._writable,
                    "buffered": len(self._buffer) if self._buffer is not None else 0,
                    "pending": bool(self._changed or any(s.dirty for s in self._segments)),
-                   "merging": self._merge_thread is not None}
+                   "merging": self._merge_thread is not None,
+                   "last_merge": self._last_merge}
             resident = 0
             for s in self._segments:
                 resident += s.index.info()["resident_bytes"]
