@@ -148,8 +148,10 @@ def test_write_buffer_is_searchable_at_once(tmp_path, data):
     x, _ = data
     col = kd.Collection.create(tmp_path / "col", DIM)
     col.add(x[:100], np.arange(100))
-    D, I = col.search(x[:100], k=1)
+    _, I = col.search(x[:100], k=1, exact=True)
     np.testing.assert_array_equal(I[:, 0], np.arange(100))
+    _, I = col.search(x[:100], k=10)
+    assert (I == np.arange(100)[:, None]).any(axis=1).mean() >= 0.95
     assert col.info()["buffered"] == 100 and col.info()["pending"]
     col.remove([5])
     _, I = col.search(x[5], k=3, exact=True)
