@@ -395,7 +395,7 @@ class Collection:
         # commit, so nothing here may change a handle or this object before
         # all of them are in hand.
         quantizer = None
-        if doc["quantizer"]:
+        if doc["quantizer"] and self._writable:     # only new segments need it
             quantizer = self._open_file(doc["quantizer"], load=True)
         old = {s.name: s for s in self._segments}
         staged = []
