@@ -246,7 +246,8 @@ class Collection:
 
     @classmethod
     def create(cls, path, dim, metric="l2", *, m=16, ef_construction=200, quantization="1bit",
-               seed=0, memory_budget="1GiB", merge_policy="tiered", threads=None):
+               seed=0, memory_budget="1GiB", merge_policy="tiered", threads=None,
+               _quantizer=None):
         """Create an empty collection at path (a new or empty directory) and
         return it open for writing.
 
@@ -256,10 +257,18 @@ class Collection:
         buffer becomes a segment) and ``merge_policy`` ("tiered": merge
         segments of similar size in the background; None: only on
         :meth:`merge`).
+
+        ``_quantizer`` (private; knndirect.ray): an Index whose fitted
+        quantizer the collection takes from the start instead of fitting
+        its own, so that several collections share one.
         """
         # Index() checks dim, metric, m, ef_construction, quantization, seed.
         probe = Index(dim, metric, m=m, ef_construction=ef_construction,
                       quantization=quantization, seed=seed)
+        if _quantizer is not None:
+            # Raises ValueError for another dim, metric or code width, or
+            # an Index with no fitted quantizer.
+            probe._core.adopt_quantizer(_quantizer._core)
         budget = parse_bytes(memory_budget)
         if merge_policy not in MERGE_POLICIES:
             raise ValueError(f"merge_policy must be 'tiered' or None, got {merge_policy!r}")
@@ -281,6 +290,12 @@ class Collection:
         self = cls.__new__(cls)
         self._init(path, writable=True, threads=threads)
         self._lock_dir()
+        if _quantizer is not None:
+            # Part of the first commit: the collection is born with it.
+            name = f"quantizer-{1:06d}.kdx"
+            probe.save(os.path.join(path, name))
+            doc["quantizer"] = name
+            doc["next_file"] = 2
         _write_durable(os.path.join(path, _manifest_name(0)), _encode_manifest(doc))
         _fsync_dir(path)
         self._load(doc)

@@ -34,7 +34,7 @@ _DIM_SAMPLES = 1024
 _WRITE_ROWS = 65536
 
 
-def read_vectors(path, *, mmap=True):
+def read_vectors(path, *, mmap=True, column=None):
     """Read a vector file, dispatching on its extension.
 
     Parameters
@@ -42,12 +42,20 @@ def read_vectors(path, *, mmap=True):
     path : str or os.PathLike
         ``.npy`` (any dtype and shape, as saved), ``.fvecs`` (float32),
         ``.ivecs`` (int32), ``.bvecs`` (uint8), or ``.hdf5`` / ``.h5``
-        (the "train" dataset, as in the ann-benchmarks layout).
+        (the "train" dataset, as in the ann-benchmarks layout), or
+        ``.parquet`` (one column of fixed-size or equal-length lists of
+        numbers; needs pyarrow).
     mmap : bool
         True (default): return a read-only memory-mapped view where the
         layout allows (``.npy``; ``*vecs``, as a row-strided view that skips
         each record's dim field; HDF5 datasets stored contiguous and
         uncompressed). False: read everything into a new C-contiguous array.
+        For Parquet, True memory-maps the file while it is decoded; a column
+        of one chunk without nulls comes back as a view of Arrow's buffer
+        (no copy), several chunks are concatenated.
+    column : str, optional
+        Parquet only: the column to read (default: the file's only column,
+        else "embedding").
 
     Returns
     -------
@@ -63,7 +71,7 @@ def read_vectors(path, *, mmap=True):
         Unknown extension, or a ``*vecs`` file that is truncated or whose
         records disagree on dim (the message names the file).
     ImportError
-        HDF5 without h5py installed.
+        HDF5 without h5py, or Parquet without pyarrow installed.
     """
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()
@@ -77,8 +85,81 @@ def read_vectors(path, *, mmap=True):
             if "train" not in f:
                 raise ValueError(f"{path} has no 'train' dataset (found: {sorted(f.keys())})")
             return _hdf5_array(path, f["train"], mmap)
+    if ext == ".parquet":
+        return _read_parquet(path, column, mmap)
     raise ValueError(f"{path}: unknown vector file extension {ext!r}; expected .npy, .fvecs, "
-                     f".ivecs, .bvecs, .hdf5 or .h5")
+                     f".ivecs, .bvecs, .hdf5, .h5 or .parquet")
+
+
+def _import_pyarrow():
+    try:
+        import pyarrow
+    except ImportError:
+        raise ImportError("reading Parquet needs pyarrow: pip install 'knndirect[parquet]'"
+                          ) from None
+    return pyarrow
+
+
+def _read_parquet(path, column, mmap):
+    _import_pyarrow()
+    import pyarrow.parquet as pq
+    names = pq.read_schema(path).names
+    if column is None:
+        column = names[0] if len(names) == 1 else "embedding"
+    if column not in names:
+        raise ValueError(f"{path} has no column {column!r} (found: {names})")
+    table = pq.read_table(path, columns=[column], memory_map=bool(mmap))
+    return _arrow_matrix(table.column(column), f"{path} column {column!r}")
+
+
+def _arrow_matrix(array, what="column"):
+    """An Arrow column of vectors (fixed-size lists, equal-length lists, or a
+    tensor extension type such as Ray's) as an (n, dim) NumPy array: a view
+    of Arrow's buffer when it is one chunk without nulls, else a copy."""
+    pa = _import_pyarrow()
+    chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
+    parts = [_arrow_chunk_matrix(pa, c, what) for c in chunks]
+    parts = [p for p in parts if p.shape[0]] or parts[:1]
+    if not parts:
+        return np.zeros((0, 0), np.float32)
+    dims = {p.shape[1] for p in parts}
+    if len(dims) > 1:
+        raise ValueError(f"{what}: chunks disagree on the vector length ({sorted(dims)})")
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _arrow_chunk_matrix(pa, chunk, what):
+    if chunk.null_count:
+        raise ValueError(f"{what} holds {chunk.null_count} null vectors")
+    if isinstance(chunk.type, pa.ExtensionType):
+        if hasattr(chunk, "to_numpy"):          # tensor types (Ray's) know their shape
+            try:
+                a = np.asarray(chunk.to_numpy(zero_copy_only=False))
+            except TypeError:
+                a = np.asarray(chunk.to_numpy())
+            if a.dtype != object:
+                return a.reshape(len(chunk), -1)
+        chunk = chunk.storage
+    n = len(chunk)
+    if pa.types.is_fixed_size_list(chunk.type):
+        dim = chunk.type.list_size
+        values = chunk.flatten()      # honours the chunk's offset
+    elif pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type):
+        lengths = np.asarray(chunk.value_lengths())
+        dim = int(lengths[0]) if n else 0
+        if n and (lengths != dim).any():
+            raise ValueError(f"{what}: lists of different lengths "
+                             f"({int(lengths.min())} to {int(lengths.max())})")
+        values = chunk.flatten()
+    else:
+        raise TypeError(f"{what} has type {chunk.type}; expected a list or fixed-size list "
+                        "of numbers")
+    if values.null_count:
+        raise ValueError(f"{what} holds null elements")
+    if not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)):
+        raise TypeError(f"{what} holds {values.type}, not numbers")
+    flat = values.to_numpy(zero_copy_only=False)
+    return flat.reshape(n, dim) if n else flat.reshape(0, dim)
 
 
 def _read_vecs(path, dtype, mmap):
