@@ -1,3 +1,6 @@
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sync_file_range */
+#endif
 #include "storage.h"
 #include "common.h"
 
@@ -143,10 +146,29 @@ static int path_close(void *ctx, int commit)
     return err;
 }
 
+/* A save writes the whole file through the page cache; under a memory cap
+ * (a cgroup counts dirty pages, and v1 does not throttle them) gigabytes of
+ * dirty pages get the writer killed. So every few MiB the part written is
+ * pushed to disk and dropped from the cache: the file costs no memory. */
+#define KD_WRITEBACK_STEP (16u << 20)
+
 static int path_write(void *ctx, const void *buf, size_t n)
 {
     struct kd_path_writer *pw = ctx;
-    return fd_write(&pw->fdw, buf, n);
+    int err = fd_write(&pw->fdw, buf, n);
+    if (err)
+        return err;
+    pw->written += n;
+    if (pw->written - pw->flushed >= KD_WRITEBACK_STEP) {
+        off_t off = (off_t)pw->flushed, len = (off_t)(pw->written - pw->flushed);
+        /* Advice only: a failure here is found again by the fsync at close. */
+        if (sync_file_range(pw->fd, off, len,
+                            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                SYNC_FILE_RANGE_WAIT_AFTER) == 0)
+            posix_fadvise(pw->fd, off, len, POSIX_FADV_DONTNEED);
+        pw->flushed = pw->written;
+    }
+    return 0;
 }
 
 int kd_path_writer_open(struct kd_writer *w, struct kd_path_writer *pw, const char *path)

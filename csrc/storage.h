@@ -53,6 +53,7 @@ struct kd_path_writer {
     int fd;
     char *path, *tmp;
     struct kd_fd_writer fdw;
+    uint64_t written, flushed; /* bytes; [0, flushed) written back and dropped */
 };
 int kd_path_writer_open(struct kd_writer *w, struct kd_path_writer *ctx, const char *path);
 

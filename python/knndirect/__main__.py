@@ -490,7 +490,8 @@ def _parser():
                    help="build a collection (a directory) in chunks of SIZE (e.g. 1GiB): "
                    "the input may be larger than RAM")
     b.add_argument("--segments", type=int, default=1, metavar="N",
-                   help="with --memory-budget: merge down to N segments (default 1; 0 keeps "
+                   help="with --memory-budget: merge down to N segments, as far as the budget "
+                   "allows (default 1; 0 keeps "
                    "the chunks as segments)")
     g = b.add_mutually_exclusive_group()
     g.add_argument("--progress", dest="progress", action="store_true", default=None,

@@ -809,20 +809,43 @@ class Collection:
     # -- merging -------------------------------------------------------------
     def merge(self, max_segments=1, *, threads=None, progress=None) -> int:
         """Commit, merge segments until at most max_segments remain (removed
-        vectors dropped), and commit again; returns the generation."""
+        vectors dropped), and commit again; returns the generation.
+
+        A merge builds its graph over scalar codes of its rows, which must
+        fit memory_budget (4 bits a dimension at least): when the budget
+        cannot hold the rows of the merges needed, merging stops at the
+        fewest segments it allows and a RuntimeWarning says so."""
         max_segments = _positive_int(max_segments, "max_segments", allow_none=False)
         with self._state:
             self._check_writable()
             self._wait_merge()
             self.commit()
+            limit = self._merge_row_limit()
             while len(self._segments) > max_segments:
-                # Merge the smallest segments: as many as needed, at least two.
+                # The smallest segments: as many as needed, at least two, as
+                # far as the budget allows.
                 order = sorted(self._segments, key=lambda s: s.live())
                 take = order[:len(self._segments) - max_segments + 1]
+                while len(take) > 2 and sum(s.live() for s in take) > limit:
+                    take.pop()
+                if sum(s.live() for s in take) > limit:
+                    warnings.warn(
+                        f"memory_budget ({self._memory_budget} bytes) lets a merge take at "
+                        f"most {limit} rows of dim {self._dim}; {len(self._segments)} "
+                        f"segments remain (asked for {max_segments})", RuntimeWarning,
+                        stacklevel=2)
+                    break
                 self._merge_now(take, threads, progress)
-            if len(self._segments) == 1 and self._segments[0].removed.size:
-                self._merge_now(list(self._segments), threads, progress)
+            for seg in list(self._segments):
+                if seg.removed.size and seg.live() <= limit:
+                    self._merge_now([seg], threads, progress)   # drop removed records
             return self.commit()
+
+    def _merge_row_limit(self):
+        """Rows one merge may take: its build codes, 4 bits a dimension
+        padded to 8 bytes (csrc/merge.c), must fit memory_budget."""
+        per_row = -(-((self._dim + 1) // 2) // 8) * 8
+        return max(2, self._memory_budget // per_row)
 
     def _merge_now(self, inputs, threads, progress, cancel=None):
         """Merge inputs (segments of this collection) into one new segment
@@ -892,7 +915,8 @@ class Collection:
 
     def _plan_merge(self):
         """The tiered policy's next merge, or None."""
-        segs = list(self._segments)
+        limit = self._merge_row_limit()
+        segs = [s for s in self._segments if s.live() <= limit]
         for s in segs:
             if s.count and 1 - s.live() / s.count > EXPUNGE_SHARE:
                 return [s]
@@ -906,7 +930,9 @@ class Collection:
             tiers.setdefault(tier, []).append(s)
         for tier in sorted(tiers):
             if len(tiers[tier]) >= TIER_FACTOR:
-                return sorted(tiers[tier], key=lambda s: s.live())[:TIER_FACTOR]
+                plan = sorted(tiers[tier], key=lambda s: s.live())[:TIER_FACTOR]
+                if sum(s.live() for s in plan) <= limit:
+                    return plan
         return None
 
     def _maybe_merge(self):
