@@ -1,20 +1,56 @@
 """Recall must not rot: many rounds of "remove 2%, add 2%, commit, merge"
 keep recall@10 within 0.01 of a fresh build over the same vectors (Lucene
 lost 7 points of recall@100 in 100 such rounds until low-degree nodes were
-repaired)."""
+repaired).
+
+A build's recall here depends on its 1-bit quantizer, on the random
+rotation and k-means start its seed picks far more than on the rows it was
+fitted on. Measured on this data after 12 rounds (8 seeds each, 2000
+queries): between seeds, an sd of 0.001 at the default search, 0.002-0.003
+at ef=16 with a deep rerank (oversample=20) and 0.005 (a range of 0.015) at
+ef=16, oversample=2, where only the 20 best estimates are reranked; with 400
+queries 0.002-0.003 and 0.006-0.012. A quantizer fitted on the collection's
+first 8000 rows instead of the current ones costs 0.001 at the default
+search and at most 0.004 at the tight point. So one fresh build against the
+collection (itself one draw: seed 0, fitted on its first segment) at a
+narrow point compares two draws of the quantizer as much as two graphs (the
+earlier form of this test failed by 0.015 on that alone). With the
+threshold kept at 0.01, the test therefore compares:
+
+* over 2000 queries, not 400: query sampling was half the noise;
+* the requirement itself, at the default search: against fresh builds that
+  fit their own quantizer, "a fresh build" being the median of five seeds;
+* the graph alone, at a narrow beam with a deep rerank (ef=16,
+  oversample=20) and with a shallow one (ef=16, oversample=2), where a
+  damaged graph shows first: against fresh graphs over the collection's own
+  quantizer (median of three graph seeds; sd 0.001-0.002).
+
+Measured before the merge's repair kept surviving neighbours and linked its
+new edges back (csrc/merge.c): 0.015 under at the default search and 0.03
+at the tight point after 12 rounds, 0.025 and 0.04 after 50; with it, within
+0.004 either way at every point."""
 import numpy as np
 import pytest
 
 import knndirect as kd
 from knndirect.datasets import clustered, ground_truth, recall_at_k
 
-N, DIM, NQ = 8000, 32, 400
+N, DIM, NQ = 8000, 32, 2000
+DEFAULT = {}
+NARROW = dict(ef=16, oversample=20)   # narrow beam, deep rerank
+TIGHT = dict(ef=16, oversample=2)     # narrow beam, shallow rerank
 
 
-def live_recall(search, x_live, ids_live, q):
-    truth = ids_live[ground_truth(x_live, q, 10)[0]]
-    _, I = search(q, k=10)
-    return recall_at_k(I, truth, 10)
+def recall(index, q, truth, **kw):
+    return recall_at_k(index.search(q, k=10, **kw)[1], truth, 10)
+
+
+def fresh(x, ids, seed, quantizer=None):
+    f = kd.Index(DIM, seed=seed)
+    if quantizer is not None:
+        f._core.adopt_quantizer(quantizer._core)
+    f.add(x, ids)
+    return f
 
 
 @pytest.mark.parametrize("rounds", [pytest.param(50, marks=pytest.mark.slow), 12])
@@ -44,12 +80,14 @@ def test_recall_does_not_rot(tmp_path, rounds):
     ids = np.array(sorted(live))
     assert np.array_equal(col.ids(), ids)
     x = pool[ids]
-    fresh = kd.Index(DIM)
-    fresh.add(x, ids)
-    r_col = live_recall(col.search, x, ids, q)
-    r_fresh = live_recall(fresh.search, x, ids, q)
-    assert r_col >= r_fresh - 0.01, (r_col, r_fresh)
-    # A stricter operating point, where a damaged graph shows first.
-    r_col = live_recall(lambda q, k: col.search(q, k=k, ef=16, oversample=2), x, ids, q)
-    r_fresh = live_recall(lambda q, k: fresh.search(q, k=k, ef=16, oversample=2), x, ids, q)
-    assert r_col >= r_fresh - 0.01, (r_col, r_fresh)
+    truth = ids[ground_truth(x, q, 10)[0]]
+    got = {name: recall(col, q, truth, **kw)
+           for name, kw in (("default", DEFAULT), ("narrow", NARROW), ("tight", TIGHT))}
+    # The requirement: fresh builds, each fitting its own quantizer.
+    want = float(np.median([recall(fresh(x, ids, seed), q, truth) for seed in range(5)]))
+    assert got["default"] >= want - 0.01, ("default", got["default"], want)
+    # The graph alone: fresh graphs over the collection's quantizer.
+    same = [fresh(x, ids, seed, col._quantizer) for seed in range(3)]
+    for name, kw in (("narrow", NARROW), ("tight", TIGHT)):
+        want = float(np.median([recall(f, q, truth, **kw) for f in same]))
+        assert got[name] >= want - 0.01, (name, got[name], want)
