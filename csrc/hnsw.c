@@ -367,8 +367,14 @@ int kd_graph_level_for(uint64_t seed, uint64_t row, uint32_t m)
 
 int kd_graph_prepare(struct kd_graph *g, uint64_t first, uint64_t last, uint64_t seed)
 {
+    return kd_graph_prepare_keyed(g, first, last, seed, NULL);
+}
+
+int kd_graph_prepare_keyed(struct kd_graph *g, uint64_t first, uint64_t last, uint64_t seed,
+                           const uint64_t *keys)
+{
     for (uint64_t i = first; i < last; i++) {
-        int level = kd_graph_level_for(seed, i, g->m);
+        int level = kd_graph_level_for(seed, keys ? keys[i - first] : i, g->m);
         g->levels[i] = (uint8_t)level;
         g->level0[i * (1 + g->m0)] = 0;
         g->locks[i] = 0;

@@ -95,8 +95,15 @@ void kd_graph_free(struct kd_graph *g);
 /* Grow heap-owned arrays to hold cap nodes. */
 int kd_graph_reserve(struct kd_graph *g, uint64_t cap);
 int kd_graph_level_for(uint64_t seed, uint64_t row, uint32_t m);
-/* Give nodes [first, last) their levels and empty lists. */
+/* Give nodes [first, last) their levels and empty lists; node i's level is
+ * drawn from (seed, i). */
 int kd_graph_prepare(struct kd_graph *g, uint64_t first, uint64_t last, uint64_t seed);
+/* The same, node i's level drawn from (seed, keys[i - first]): for rows
+ * whose numbers recur from one build to the next (a merge appends its
+ * inserted rows at the same row numbers every time), a key of their own
+ * keeps the levels independent draws. */
+int kd_graph_prepare_keyed(struct kd_graph *g, uint64_t first, uint64_t last, uint64_t seed,
+                           const uint64_t *keys);
 
 /* Exact distances from a stored node to others: what insertion needs. */
 struct kd_build_oracle {
