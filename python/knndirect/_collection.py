@@ -122,21 +122,28 @@ def _encode_manifest(doc) -> bytes:
     return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
 
-def _read_manifest(path):
+def _read_json_manifest(path, fmt, version, what):
+    """A manifest written by _encode_manifest, checked: its format, its
+    checksum (CorruptIndexError) and its version (ValueError)."""
     try:
         with open(path, "rb") as f:
             doc = json.loads(f.read())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptIndexError(f"collection manifest {path} is damaged: {e}") from None
-    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
-        raise CorruptIndexError(f"{path} is not a knndirect collection manifest")
+        raise CorruptIndexError(f"{what} {path} is damaged: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        raise CorruptIndexError(f"{path} is not a {what}")
     want = doc.pop("checksum", None)
     if want != _checksum(doc):
-        raise CorruptIndexError(f"collection manifest {path} is damaged (checksum mismatch)")
-    if doc.get("version") != MANIFEST_VERSION:
-        raise ValueError(f"collection manifest {path} has version {doc.get('version')}; "
-                         f"this build reads version {MANIFEST_VERSION}")
+        raise CorruptIndexError(f"{what} {path} is damaged (checksum mismatch)")
+    if doc.get("version") != version:
+        raise ValueError(f"{what} {path} has version {doc.get('version')}; "
+                         f"this build reads version {version}")
     return doc
+
+
+def _read_manifest(path):
+    return _read_json_manifest(path, MANIFEST_FORMAT, MANIFEST_VERSION,
+                               "knndirect collection manifest")
 
 
 def _write_tombstones(path, ids: np.ndarray):

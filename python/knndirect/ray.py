@@ -14,9 +14,7 @@ A built path is a directory:
 Ray is an optional dependency (``pip install 'knndirect[ray]'``); importing
 this module imports it, ``import knndirect`` never does.
 """
-import builtins
 import itertools
-import json
 import os
 import re
 import shutil
@@ -27,9 +25,8 @@ import numpy as np
 import ray
 from ray.exceptions import RayActorError
 
-from ._collection import (Collection, _checksum, _encode_manifest, _fsync_dir, _write_durable,
-                          parse_bytes)
-from ._core import CorruptIndexError
+from ._collection import (Collection, _encode_manifest, _fsync_dir, _read_json_manifest,
+                          _write_durable, parse_bytes)
 from ._index import TRAIN_SAMPLE, Index, _progress_callback, _search_args, load
 from .datasets import _arrow_matrix
 
@@ -261,19 +258,7 @@ def read_manifest(path):
     if not os.path.exists(file):
         raise FileNotFoundError(f"no knndirect.ray index at {path}: no manifest.json (a build "
                                 "that failed or never finished leaves none)")
-    try:
-        with builtins.open(file, "rb") as f:
-            doc = json.loads(f.read())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptIndexError(f"{file} is damaged: {e}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise CorruptIndexError(f"{file} is not a knndirect.ray manifest")
-    want = doc.pop("checksum", None)
-    if want != _checksum(doc):
-        raise CorruptIndexError(f"{file} is damaged (checksum mismatch)")
-    if doc.get("version") != VERSION:
-        raise ValueError(f"{file} has version {doc.get('version')}; this build reads {VERSION}")
-    return doc
+    return _read_json_manifest(file, FORMAT, VERSION, "knndirect.ray manifest")
 
 
 # -- serving ------------------------------------------------------------------
