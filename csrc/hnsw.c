@@ -499,6 +499,24 @@ static void force_in_link(struct kd_graph *g, uint32_t nb, uint32_t node, int le
     node_unlock(g, nb);
 }
 
+/* Node's list on a level becomes chosen[0..kept); each chosen neighbour
+ * links back, and if none keeps it, the nearest is made to. */
+static void set_list(struct kd_graph *g, const struct kd_build_oracle *o, uint32_t node, int level,
+                     const uint32_t *chosen, size_t kept, struct kd_heap_item *buf, uint32_t *rows,
+                     float *dists)
+{
+    uint32_t *l = kd_graph_list(g, node, level);
+    node_lock(g, node);
+    memcpy(l + 1, chosen, kept * sizeof(uint32_t));
+    l[0] = (uint32_t)kept;
+    node_unlock(g, node);
+    int linked = 0;
+    for (size_t i = 0; i < kept; i++)
+        linked |= link_back(g, o, chosen[i], node, level, buf, rows, dists);
+    if (!linked && kept)
+        force_in_link(g, chosen[0], node, level);
+}
+
 static int insert_one(struct kd_graph *g, const struct kd_build_oracle *o, uint32_t node,
                       uint32_t ef, struct kd_search_scratch *s, struct kd_heap_item *buf,
                       uint32_t *rows, float *dists)
@@ -530,16 +548,7 @@ static int insert_one(struct kd_graph *g, const struct kd_build_oracle *o, uint3
             return kd_fail(-ENOMEM, "out of memory while building the graph");
         }
         size_t kept = select_diverse(o, s->res, nres, g->m, chosen);
-        uint32_t *l = kd_graph_list(g, node, lc);
-        node_lock(g, node);
-        memcpy(l + 1, chosen, kept * sizeof(uint32_t));
-        l[0] = (uint32_t)kept;
-        node_unlock(g, node);
-        int linked = 0;
-        for (size_t i = 0; i < kept; i++)
-            linked |= link_back(g, o, chosen[i], node, lc, buf, rows, dists);
-        if (!linked && kept)
-            force_in_link(g, chosen[0], node, lc);
+        set_list(g, o, node, lc, chosen, kept, buf, rows, dists);
         nentry = nres < 64 ? nres : 64;
     }
     if (hold) {
@@ -591,16 +600,7 @@ static int reconnect_one(struct kd_graph *g, const struct kd_build_oracle *o, ui
     }
     uint32_t *chosen = rows + g->m0 + 2;
     size_t kept = select_diverse(o, c, n, g->m, chosen);
-    uint32_t *l = kd_graph_list(g, node, 0);
-    node_lock(g, node);
-    memcpy(l + 1, chosen, kept * sizeof(uint32_t));
-    l[0] = (uint32_t)kept;
-    node_unlock(g, node);
-    int linked = 0;
-    for (size_t i = 0; i < kept; i++)
-        linked |= link_back(g, o, chosen[i], node, 0, buf, rows, dists);
-    if (!linked && kept)
-        force_in_link(g, chosen[0], node, 0);
+    set_list(g, o, node, 0, chosen, kept, buf, rows, dists);
     return 0;
 }
 

@@ -65,8 +65,8 @@ int kd_merge(const char *path, struct kd_index **in, size_t n, const struct kd_m
              struct kd_merge_report *rep);
 
 /* Test hook: over random codes of `bits` and `dim`, the largest difference
- * between a distance of the build-code loops (the AVX2 ones where the CPU
- * has them, and the scalar ones) and the same distance in double precision,
+ * between a distance of the build-code loops (scalar, and AVX2 and AVX-512
+ * where the CPU has them) and the same distance in double precision,
  * relative to its size; -1 when out of memory. */
 double kd_merge_kernel_gap(uint32_t bits, uint32_t dim, int metric, uint64_t seed);
 
