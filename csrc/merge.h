@@ -4,9 +4,10 @@
  * The input with the most live rows is the base: its graph is kept,
  * renumbered, its removed nodes dropped and the lists that pointed at them
  * repaired; the live rows of the other inputs are then inserted. Graph
- * distances come from per-dimension scalar codes of every live vector (the
- * build codes, 8 or 4 bits a dimension, fitted and encoded in two
- * sequential passes over the vectors); a third sequential pass copies the
+ * distances come from per-dimension scalar codes of every live vector's
+ * residual from its quantizer centre (the build codes, 8 or 4 bits a
+ * dimension, fitted and encoded in two sequential passes over the
+ * vectors); a third sequential pass copies the
  * float32 records into the new file. Vectors are only ever read in large
  * sequential chunks: straight from memory, or through a vecio stream
  * (O_DIRECT) for an index opened from its file.
@@ -26,7 +27,7 @@
 struct kd_merge_params {
     unsigned threads; /* 0: all cores */
     /* Bytes for the build codes: 8 bits a dimension when the rows' codes
-     * fit (dim rounded up to 8 bytes a row), else 4. 0: unlimited. */
+     * fit (dim rounded up to 8 bytes, plus 6, a row), else 4. 0: unlimited. */
     uint64_t memory_budget;
     uint64_t seed; /* levels of the inserted nodes: drawn from (seed, id) */
     /* Called on the merging thread after each step of work (done of total
@@ -64,10 +65,11 @@ struct kd_merge_report {
 int kd_merge(const char *path, struct kd_index **in, size_t n, const struct kd_merge_params *mp,
              struct kd_merge_report *rep);
 
-/* Test hook: over random codes of `bits` and `dim`, the largest difference
- * between a distance of the build-code loops (scalar, and AVX2 and AVX-512
- * where the CPU has them) and the same distance in double precision,
- * relative to its size; -1 when out of memory. */
+/* Test hook: over random codes of `bits` and `dim` around three centres,
+ * the largest difference between a distance of the build-code loops
+ * (scalar, and AVX2 and AVX-512 where the CPU has them) and the same
+ * distance in double precision, relative to the sum of its terms' sizes;
+ * -1 when out of memory. */
 double kd_merge_kernel_gap(uint32_t bits, uint32_t dim, int metric, uint64_t seed);
 
 #endif

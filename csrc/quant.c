@@ -347,6 +347,15 @@ void kd_quant_encode(const struct kd_quant *q, const float *x, uint8_t *code, fl
     memcpy(code + q->pdim / 8, &t, sizeof t);
 }
 
+uint32_t kd_quant_centre_of(const struct kd_quant *q, const uint8_t *code)
+{
+    if (q->bits != 1)
+        return 0;
+    struct kd_code_tail t;
+    memcpy(&t, code + q->pdim / 8, sizeof t);
+    return t.centre;
+}
+
 int kd_qcode_alloc(struct kd_qcode *qc, const struct kd_quant *q)
 {
     memset(qc, 0, sizeof *qc);

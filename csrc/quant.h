@@ -95,6 +95,9 @@ int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed, 
 void kd_quant_free(struct kd_quant *q);
 size_t kd_quant_signs_bytes(const struct kd_quant *q);
 
+/* The centre a code was encoded against (0 for scalar codes, which have
+ * none but the zero one). */
+uint32_t kd_quant_centre_of(const struct kd_quant *q, const uint8_t *code);
 /* Encode one vector (already normalized for cosine); work holds pdim floats. */
 void kd_quant_encode(const struct kd_quant *q, const float *x, uint8_t *code, float *work);
 

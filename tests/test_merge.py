@@ -228,9 +228,9 @@ def test_four_bit_build_codes(tmp_path):
     assert got >= 0.95
     assert got >= recall(fresh, s.q, s.truth) - 0.01
     assert recall(s.out, s.q, s.truth, **NARROW) >= recall(fresh, s.q, s.truth, **NARROW) - 0.02
-    # at 20000 x 64 bytes the budget still allows 8 bits
+    # a row's 8-bit code: DIM bytes, its centre (2) and its decoded norm (4)
     s2 = _core.merge(str(tmp_path / "eight.kdx"), [s.inputs["a"]._core],
-                     memory_budget=len(s.inputs["a"]) * DIM)
+                     memory_budget=len(s.inputs["a"]) * (DIM + 6))
     assert s2["build_code_bits"] == 8
 
 
