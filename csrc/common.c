@@ -28,6 +28,25 @@ void kd_clear_error(void) { errmsg[0] = 0; }
 
 void kd_set_error_text(const char *msg) { snprintf(errmsg, sizeof errmsg, "%s", msg); }
 
+void kd_first_error_record(struct kd_first_error *e, int err)
+{
+    if (!err)
+        return;
+    pthread_mutex_lock(&e->lock);
+    if (!e->err) {
+        snprintf(e->msg, sizeof e->msg, "%s", errmsg);
+        __atomic_store_n(&e->err, err, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&e->lock);
+}
+
+int kd_first_error_take(struct kd_first_error *e)
+{
+    if (e->err)
+        kd_set_error_text(e->msg);
+    return e->err;
+}
+
 uint64_t kd_now_ns(void)
 {
     struct timespec ts;

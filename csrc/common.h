@@ -5,6 +5,7 @@
 #define KD_COMMON_H
 
 #include <errno.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,6 +22,28 @@ const char *kd_last_error(void);
 void kd_clear_error(void);
 /* Copy another thread's message into this thread (worker -> caller). */
 void kd_set_error_text(const char *msg);
+
+/* The first error of a pool of workers, with its message (messages are per
+ * thread): workers record theirs and stop once one is set; the caller takes
+ * it back onto its own thread. */
+struct kd_first_error {
+    pthread_mutex_t lock;
+    int err;
+    char msg[KD_ERRMSG_LEN];
+};
+#define KD_FIRST_ERROR_INIT                                                                        \
+    {                                                                                              \
+        PTHREAD_MUTEX_INITIALIZER, 0, ""                                                           \
+    }
+/* Keep err (nonzero) and this thread's message unless one is kept already. */
+void kd_first_error_record(struct kd_first_error *e, int err);
+/* Whether a worker has recorded one (read without the lock, to stop early). */
+static inline int kd_first_error_set(struct kd_first_error *e)
+{
+    return __atomic_load_n(&e->err, __ATOMIC_RELAXED) != 0;
+}
+/* The kept error, its message now this thread's; 0 when there is none. */
+int kd_first_error_take(struct kd_first_error *e);
 
 static inline uint64_t kd_round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 

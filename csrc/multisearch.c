@@ -37,9 +37,7 @@ struct many {
     float *D;
     int64_t *I;
     size_t next;
-    int err;
-    char errmsg[KD_ERRMSG_LEN];
-    pthread_mutex_t err_lock;
+    struct kd_first_error fe;
 };
 
 /* One index's answer to a query, ascending by distance: exact distances, or
@@ -154,27 +152,17 @@ static void *many_worker(void *arg)
         if (m->parts[j].mode == PART_GRAPH && !(c[j] = kd_search_ctx_get(m->parts[j].ix)))
             err = kd_fail(-ENOMEM, "out of memory for a search");
     uint64_t done = 0;
-    while (!err && !__atomic_load_n(&m->err, __ATOMIC_RELAXED)) {
+    while (!err && !kd_first_error_set(&m->fe)) {
         size_t i = __atomic_fetch_add(&m->next, 1, __ATOMIC_RELAXED);
         if (i >= m->nq)
             break;
         if (!(err = many_query(m, c, l, i)))
             done++;
     }
-    if (err) {
-        pthread_mutex_lock(&m->err_lock);
-        if (!m->err) {
-            m->err = err;
-            snprintf(m->errmsg, sizeof m->errmsg, "%s", kd_last_error());
-        }
-        pthread_mutex_unlock(&m->err_lock);
-    }
+    kd_first_error_record(&m->fe, err);
     for (size_t j = 0; c && j < m->n; j++)
-        if (c[j]) {
-            kd_index_stats_add(m->parts[j].ix, &c[j]->st);
-            memset(&c[j]->st, 0, sizeof c[j]->st);
-            kd_search_ctx_put(m->parts[j].ix, c[j]);
-        }
+        if (c[j])
+            kd_search_ctx_retire(m->parts[j].ix, c[j]);
     if (done && m->credit) {
         struct kd_stats st = {.queries = done};
         kd_index_stats_add(m->credit, &st);
@@ -276,7 +264,7 @@ int kd_search_many(struct kd_index **ixs, size_t n, const float *q, size_t nq,
                      .metric = ixs[0]->metric,
                      .D = D,
                      .I = I,
-                     .err_lock = PTHREAD_MUTEX_INITIALIZER};
+                     .fe = KD_FIRST_ERROR_INIT};
     for (size_t j = 0; j < n; j++)
         parts[j].ix = ixs[j];
     if (!err && nq)
@@ -286,10 +274,7 @@ int kd_search_many(struct kd_index **ixs, size_t n, const float *q, size_t nq,
         if (threads > nq)
             threads = (unsigned)nq;
         kd_run_workers(many_worker, &m, threads);
-        if (m.err) {
-            err = m.err;
-            kd_set_error_text(m.errmsg);
-        }
+        err = kd_first_error_take(&m.fe);
     }
     for (size_t j = 0; j < n; j++) {
         kd_filter_free(&parts[j].f);

@@ -70,6 +70,13 @@ void kd_search_ctx_put(struct kd_index *ix, struct kd_search_ctx *c)
     pthread_mutex_unlock(&ix->pool_lock);
 }
 
+void kd_search_ctx_retire(struct kd_index *ix, struct kd_search_ctx *c)
+{
+    kd_index_stats_add(ix, &c->st);
+    memset(&c->st, 0, sizeof c->st);
+    kd_search_ctx_put(ix, c);
+}
+
 static int ctx_rows(struct kd_search_ctx *c, size_t n)
 {
     if (n <= c->rows_cap)
@@ -621,9 +628,7 @@ struct batch {
     float *D;
     int64_t *I;
     size_t next;
-    int err;
-    char errmsg[KD_ERRMSG_LEN];
-    pthread_mutex_t err_lock;
+    struct kd_first_error fe;
 };
 
 /* Each worker keeps two queries going on disk: while the shortlist of one
@@ -637,7 +642,7 @@ static void *batch_worker(void *arg)
     int cur = 0, err = c[0] && c[1] ? 0 : kd_fail(-ENOMEM, "out of memory for a search");
     for (;;) {
         size_t i = SIZE_MAX;
-        if (!err && !__atomic_load_n(&b->err, __ATOMIC_RELAXED)) {
+        if (!err && !kd_first_error_set(&b->fe)) {
             i = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
             if (i >= b->nq)
                 i = SIZE_MAX;
@@ -657,20 +662,10 @@ static void *batch_worker(void *arg)
         pending = i;
         cur = !cur;
     }
-    if (err) {
-        pthread_mutex_lock(&b->err_lock);
-        if (!b->err) {
-            b->err = err;
-            snprintf(b->errmsg, sizeof b->errmsg, "%s", kd_last_error());
-        }
-        pthread_mutex_unlock(&b->err_lock);
-    }
+    kd_first_error_record(&b->fe, err);
     for (int j = 0; j < 2; j++)
-        if (c[j]) {
-            kd_index_stats_add(ix, &c[j]->st);
-            memset(&c[j]->st, 0, sizeof c[j]->st);
-            kd_search_ctx_put(ix, c[j]);
-        }
+        if (c[j])
+            kd_search_ctx_retire(ix, c[j]);
     return NULL;
 }
 
@@ -718,15 +713,12 @@ int kd_index_search(struct kd_index *ix, const float *q, size_t nq,
     if (!err && exact) {
         err = search_exact(ix, q, nq, sp, &f, D, I);
     } else if (!err) {
-        struct batch b = {ix, q, nq, sp, &f, D, I, 0, 0, "", PTHREAD_MUTEX_INITIALIZER};
+        struct batch b = {ix, q, nq, sp, &f, D, I, 0, KD_FIRST_ERROR_INIT};
         unsigned threads = kd_resolve_threads(sp->threads);
         if (threads > nq)
             threads = (unsigned)nq;
         kd_run_workers(batch_worker, &b, threads);
-        if (b.err) {
-            err = b.err;
-            kd_set_error_text(b.errmsg);
-        }
+        err = kd_first_error_take(&b.fe);
     }
     kd_filter_free(&f);
     pthread_rwlock_unlock(&ix->lock);

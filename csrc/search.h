@@ -69,6 +69,8 @@ struct kd_filter {
  * counters start at zero; fold them in with kd_index_stats_add before put. */
 struct kd_search_ctx *kd_search_ctx_get(struct kd_index *ix);
 void kd_search_ctx_put(struct kd_index *ix, struct kd_search_ctx *c);
+/* Put c back after adding the counts it gathered to ix's statistics. */
+void kd_search_ctx_retire(struct kd_index *ix, struct kd_search_ctx *c);
 void kd_search_ctx_free(struct kd_search_ctx *c);
 
 /* Phase one for query q (dim floats, finite). On return c holds the query as

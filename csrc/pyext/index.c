@@ -251,6 +251,56 @@ static PyObject *Index_contains(KdIndexObject *self, PyObject *arg)
     return out;
 }
 
+int kd_py_search_begin(struct kd_py_search *s, PyObject *queries, PyObject *filter, uint32_t dim,
+                       Py_ssize_t k, Py_ssize_t ef, double oversample, int rerank, int exact,
+                       unsigned threads)
+{
+    memset(s, 0, sizeof *s);
+    if (k <= 0 || ef < 0) {
+        PyErr_SetString(PyExc_ValueError, k <= 0 ? "k must be at least 1" : "ef must be >= 0");
+        return -1;
+    }
+    const int64_t *rows;
+    size_t nf;
+    if (kd_take_matrix(queries, &s->qv, dim, &s->nq)) {
+        memset(&s->qv, 0, sizeof s->qv);
+        return -1;
+    }
+    if (kd_take_ids(filter, &s->fv, &rows, &nf))
+        return -1;
+    npy_intp dims[2] = {(npy_intp)s->nq, (npy_intp)k};
+    s->dist = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    s->ids = PyArray_SimpleNew(2, dims, NPY_INT64);
+    if (!s->dist || !s->ids)
+        return -1;
+    /* A filter that is given but empty still filters (to nothing). */
+    static const int64_t none[1] = {0};
+    struct kd_search_params sp = {(size_t)k,
+                                  (size_t)ef,
+                                  oversample,
+                                  rerank,
+                                  exact,
+                                  threads,
+                                  filter != Py_None && !rows ? none : rows,
+                                  nf};
+    s->sp = sp;
+    return 0;
+}
+
+PyObject *kd_py_search_finish(struct kd_py_search *s, int err)
+{
+    kd_release_buffer(&s->qv);
+    kd_release_buffer(&s->fv);
+    if (err)
+        kd_raise(err);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(s->dist);
+        Py_XDECREF(s->ids);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", s->dist, s->ids);
+}
+
 static PyObject *Index_search(KdIndexObject *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"queries", "k",       "ef",     "oversample", "rerank",
@@ -263,50 +313,20 @@ static PyObject *Index_search(KdIndexObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "On|ndppIO", names, &qo, &k, &ef, &oversample,
                                      &rerank, &exact, &threads, &fo))
         return NULL;
-    if (k <= 0 || ef < 0) {
-        PyErr_SetString(PyExc_ValueError, k <= 0 ? "k must be at least 1" : "ef must be >= 0");
-        return NULL;
-    }
     struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return NULL;
-    uint32_t dim = kd_index_dim(ix);
-    Py_buffer qv, fv;
-    size_t nq, nf;
-    const int64_t *filter;
-    PyObject *dist = NULL, *ids_out = NULL;
+    struct kd_py_search s;
     int err = 0;
-    if (kd_take_matrix(qo, &qv, dim, &nq)) {
-        kd_py_leave(self);
-        return NULL;
+    if (!kd_py_search_begin(&s, qo, fo, kd_index_dim(ix), k, ef, oversample, rerank, exact,
+                            threads)) {
+        Py_BEGIN_ALLOW_THREADS err = kd_index_search(ix, s.qv.buf, s.nq, &s.sp,
+                                                     PyArray_DATA((PyArrayObject *)s.dist),
+                                                     PyArray_DATA((PyArrayObject *)s.ids));
+        Py_END_ALLOW_THREADS
     }
-    if (kd_take_ids(fo, &fv, &filter, &nf))
-        goto out;
-    npy_intp dims[2] = {(npy_intp)nq, (npy_intp)k};
-    dist = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
-    ids_out = PyArray_SimpleNew(2, dims, NPY_INT64);
-    if (!dist || !ids_out)
-        goto out;
-    struct kd_search_params sp = {(size_t)k, (size_t)ef, oversample, rerank,
-                                  exact,     threads,    filter,     nf};
-    /* A filter that is given but empty still filters (to nothing). */
-    static const int64_t none[1] = {0};
-    if (fo != Py_None && !filter)
-        sp.filter = none;
-    Py_BEGIN_ALLOW_THREADS err = kd_index_search(ix, qv.buf, nq, &sp,
-                                                 PyArray_DATA((PyArrayObject *)dist),
-                                                 PyArray_DATA((PyArrayObject *)ids_out));
-    Py_END_ALLOW_THREADS out : PyBuffer_Release(&qv);
-    kd_release_buffer(&fv);
     kd_py_leave(self);
-    if (err)
-        kd_raise(err);
-    if (PyErr_Occurred()) {
-        Py_XDECREF(dist);
-        Py_XDECREF(ids_out);
-        return NULL;
-    }
-    return Py_BuildValue("(NN)", dist, ids_out);
+    return kd_py_search_finish(&s, err);
 }
 
 static PyObject *Index_get_vectors(KdIndexObject *self, PyObject *arg)
@@ -542,27 +562,30 @@ static PyObject *Index_live_ids(KdIndexObject *self, PyObject *unused)
     return out;
 }
 
-/* The other argument of the two quantizer methods: a live core index. */
-static struct kd_index *other_index(PyObject *arg, KdIndexObject **obj)
+/* For the two quantizer methods: self and another live core index (arg),
+ * both entered; NULL with an exception set. */
+static struct kd_index *enter_pair(KdIndexObject *self, PyObject *arg, KdIndexObject **other,
+                                   struct kd_index **other_ix)
 {
     if (!PyObject_TypeCheck(arg, &KdIndexType)) {
         PyErr_SetString(PyExc_TypeError, "expected a knndirect._core.Index");
         return NULL;
     }
-    *obj = (KdIndexObject *)arg;
-    return kd_py_enter(*obj);
+    *other = (KdIndexObject *)arg;
+    if (!(*other_ix = kd_py_enter(*other)))
+        return NULL;
+    struct kd_index *ix = kd_py_enter(self);
+    if (!ix)
+        kd_py_leave(*other);
+    return ix;
 }
 
 static PyObject *Index_adopt_quantizer(KdIndexObject *self, PyObject *arg)
 {
     KdIndexObject *other;
-    struct kd_index *from = other_index(arg, &other), *ix;
-    if (!from)
+    struct kd_index *from, *ix = enter_pair(self, arg, &other, &from);
+    if (!ix)
         return NULL;
-    if (!(ix = kd_py_enter(self))) {
-        kd_py_leave(other);
-        return NULL;
-    }
     int err;
     Py_BEGIN_ALLOW_THREADS err = kd_index_adopt_quantizer(ix, from);
     Py_END_ALLOW_THREADS kd_py_leave(self);
@@ -573,13 +596,9 @@ static PyObject *Index_adopt_quantizer(KdIndexObject *self, PyObject *arg)
 static PyObject *Index_same_quantizer(KdIndexObject *self, PyObject *arg)
 {
     KdIndexObject *other;
-    struct kd_index *b = other_index(arg, &other), *a;
-    if (!b)
+    struct kd_index *b, *a = enter_pair(self, arg, &other, &b);
+    if (!a)
         return NULL;
-    if (!(a = kd_py_enter(self))) {
-        kd_py_leave(other);
-        return NULL;
-    }
     int same;
     Py_BEGIN_ALLOW_THREADS same = kd_index_same_quantizer(a, b);
     Py_END_ALLOW_THREADS kd_py_leave(self);

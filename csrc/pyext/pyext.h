@@ -39,6 +39,23 @@ int kd_take_matrix(PyObject *obj, Py_buffer *v, uint32_t dim, size_t *rows);
 int kd_take_ids(PyObject *obj, Py_buffer *v, const int64_t **data, size_t *n);
 void kd_release_buffer(Py_buffer *v);
 
+/* A search call between its parsing and the core: queries and filter
+ * taken, the outputs allocated, the core's parameters set. */
+struct kd_py_search {
+    Py_buffer qv, fv;
+    size_t nq;
+    struct kd_search_params sp;
+    PyObject *dist, *ids;
+};
+/* -1 with an exception set; kd_py_search_finish releases what was taken
+ * either way. */
+int kd_py_search_begin(struct kd_py_search *s, PyObject *queries, PyObject *filter, uint32_t dim,
+                       Py_ssize_t k, Py_ssize_t ef, double oversample, int rerank, int exact,
+                       unsigned threads);
+/* The buffers released; (distances, ids), or NULL with the core's error
+ * (err, 0 for none) or the pending exception raised. */
+PyObject *kd_py_search_finish(struct kd_py_search *s, int err);
+
 /* Wrap a core index in a new Python object (steals ix). */
 PyObject *kd_index_wrap(struct kd_index *ix);
 

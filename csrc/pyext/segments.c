@@ -31,10 +31,6 @@ PyObject *kd_mod_search_many(PyObject *mod, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOn|ndppIO", names, &io, &qo, &k, &ef, &oversample,
                                      &rerank, &exact, &threads, &fo))
         return NULL;
-    if (k <= 0 || ef < 0) {
-        PyErr_SetString(PyExc_ValueError, k <= 0 ? "k must be at least 1" : "ef must be >= 0");
-        return NULL;
-    }
     if (!PySequence_Check(io) || PyUnicode_Check(io) || PyBytes_Check(io)) {
         PyErr_Format(PyExc_TypeError, "indexes must be a sequence of Index objects, got %s",
                      Py_TYPE(io)->tp_name);
@@ -61,8 +57,8 @@ PyObject *kd_mod_search_many(PyObject *mod, PyObject *args, PyObject *kw)
         return PyErr_NoMemory();
     }
     Py_ssize_t entered = 0;
-    Py_buffer qv = {0}, fv = {0};
-    PyObject *dist = NULL, *ids_out = NULL;
+    struct kd_py_search s;
+    memset(&s, 0, sizeof s);
     int err = 0;
     for (; entered < n; entered++)
         if (!(ixs[entered] = kd_py_enter((KdIndexObject *)PyTuple_GET_ITEM(seq, entered))))
@@ -74,40 +70,14 @@ PyObject *kd_mod_search_many(PyObject *mod, PyObject *args, PyObject *kw)
                          kd_index_dim(ixs[j]), dim);
             goto out;
         }
-    size_t nq, nf;
-    const int64_t *filter;
-    if (kd_take_matrix(qo, &qv, dim, &nq)) {
-        memset(&qv, 0, sizeof qv);
+    if (kd_py_search_begin(&s, qo, fo, dim, k, ef, oversample, rerank, exact, threads))
         goto out;
-    }
-    if (kd_take_ids(fo, &fv, &filter, &nf))
-        goto out;
-    npy_intp dims[2] = {(npy_intp)nq, (npy_intp)k};
-    dist = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
-    ids_out = PyArray_SimpleNew(2, dims, NPY_INT64);
-    if (!dist || !ids_out)
-        goto out;
-    struct kd_search_params sp = {(size_t)k, (size_t)ef, oversample, rerank,
-                                  exact,     threads,    filter,     nf};
-    /* A filter that is given but empty still filters (to nothing). */
-    static const int64_t none[1] = {0};
-    if (fo != Py_None && !filter)
-        sp.filter = none;
-    Py_BEGIN_ALLOW_THREADS err = kd_search_many(ixs, (size_t)n, qv.buf, nq, &sp,
-                                                PyArray_DATA((PyArrayObject *)dist),
-                                                PyArray_DATA((PyArrayObject *)ids_out));
-    Py_END_ALLOW_THREADS out : kd_release_buffer(&qv);
-    kd_release_buffer(&fv);
-    while (entered)
-        kd_py_leave((KdIndexObject *)PyTuple_GET_ITEM(seq, --entered));
+    Py_BEGIN_ALLOW_THREADS err = kd_search_many(ixs, (size_t)n, s.qv.buf, s.nq, &s.sp,
+                                                PyArray_DATA((PyArrayObject *)s.dist),
+                                                PyArray_DATA((PyArrayObject *)s.ids));
+    Py_END_ALLOW_THREADS out : while (entered)
+                                   kd_py_leave((KdIndexObject *)PyTuple_GET_ITEM(seq, --entered));
     PyMem_Free(ixs);
     Py_DECREF(seq);
-    if (err)
-        kd_raise(err);
-    if (PyErr_Occurred()) {
-        Py_XDECREF(dist);
-        Py_XDECREF(ids_out);
-        return NULL;
-    }
-    return Py_BuildValue("(NN)", dist, ids_out);
+    return kd_py_search_finish(&s, err);
 }
