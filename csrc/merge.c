@@ -35,7 +35,7 @@
 #define CHUNK_BYTES (8u << 20) /* vectors of an in-memory input per chunk */
 #define WRITE_BYTES (4u << 20) /* records gathered per write of the output */
 #define GRAPH_STEP 10000       /* nodes repaired or inserted between progress calls */
-#define STACK_DIMS 4096        /* a decoded code this long stays on the stack */
+#define CACHED_DIMS 8192       /* a decoded code this long is kept per thread */
 #define ROWS_PER_THREAD 256    /* fewer rows than this a thread: fewer threads */
 
 /* ---- build codes
@@ -299,8 +299,8 @@ static inline float bc_value(const struct bcodes *b, uint32_t row, uint32_t j)
 }
 
 /* The distance of two rows with no scratch, in double precision: the slow
- * path for a code too long for the stack when the heap has no room either,
- * and the reference of the test hook. */
+ * path for codes longer than the per-thread cache holds, and the reference
+ * of the test hook. */
 static float bc_pair(const struct bcodes *b, uint32_t x, uint32_t y)
 {
     double acc = 0;
@@ -350,8 +350,8 @@ static void bc_set_norm(struct bcodes *b, uint32_t row)
 struct bc_from_cache {
     uint64_t serial; /* of the build codes; 0: empty */
     uint32_t a;
-    float dec[STACK_DIMS + 16], w[STACK_DIMS]; /* a decoded; times step (not 4 KiB apart) */
-    float bias[KD_MAX_CENTRES];                /* <dec, offset> per centre */
+    float dec[CACHED_DIMS + 16], w[CACHED_DIMS]; /* a decoded; times step (not 4 KiB apart) */
+    float bias[KD_MAX_CENTRES];                  /* <dec, offset> per centre */
     uint8_t known[KD_MAX_CENTRES];
 };
 
@@ -363,7 +363,7 @@ static void bc_from(void *ctx, uint32_t a, const uint32_t *rows, size_t n, float
 {
     const struct bcodes *b = ctx;
     struct bc_from_cache *k = &bc_cache;
-    if (b->pd > STACK_DIMS) { /* rare: dimensions past 4096 */
+    if (b->pd > CACHED_DIMS) { /* rare: dimensions past 8192 */
         for (size_t i = 0; i < n; i++)
             out[i] = bc_pair(b, a, rows[i]);
         return;
