@@ -76,8 +76,7 @@ struct bcodes {
     uint64_t serial; /* names these codes in the oracle's per-thread cache */
 };
 
-/* Memory a row's build code takes. */
-static uint64_t bc_row_bytes(uint32_t bits, uint32_t dim)
+uint64_t kd_merge_row_bytes(uint32_t bits, uint32_t dim)
 {
     return kd_round_up(bits == 8 ? dim : (dim + 1) / 2, 8) + sizeof(uint16_t) + sizeof(float);
 }
@@ -238,7 +237,7 @@ static int bc_init(struct bcodes *b, uint32_t bits, uint32_t dim, int metric, ui
     b->norm = b->l2 ? calloc(rows ? rows : 1, sizeof(float)) : NULL;
     if (!b->lo || !b->step || !b->offset || !b->codes || !b->centre || (b->l2 && !b->norm))
         return kd_fail(-ENOMEM, "out of memory for the build codes (%llu bytes)",
-                       (unsigned long long)(rows * bc_row_bytes(bits, dim)));
+                       (unsigned long long)(rows * kd_merge_row_bytes(bits, dim)));
     return 0;
 }
 
@@ -1314,7 +1313,7 @@ static int run(struct merge *m, const char *path, struct kd_merge_report *rep)
     uint32_t d = m->out->p.dim;
     if (total) {
         uint64_t budget = m->mp->memory_budget;
-        uint32_t bits = !budget || total * bc_row_bytes(8, d) <= budget ? 8 : 4;
+        uint32_t bits = !budget || total * kd_merge_row_bytes(8, d) <= budget ? 8 : 4;
         rep->build_code_bits = bits;
         if ((err = bc_init(&m->bc, bits, d, m->out->p.metric, total, m->out->quant.ncentres,
                            m->out->quant.centres, BC_BEST)))

@@ -54,6 +54,11 @@ struct kd_merge_report {
     double total_seconds;
 };
 
+/* Memory a row's build code takes at `bits` (8 or 4) a dimension: the
+ * code, padded to 8 bytes, its centre and its decoded norm. What
+ * memory_budget must hold for each row of a merge. */
+uint64_t kd_merge_row_bytes(uint32_t bits, uint32_t dim);
+
 /* Merge the live rows of in[0..n) into a new index file at path (written
  * atomically: a temporary file renamed over path). All inputs must share
  * dim, metric, quantization and m, and no id may be live in two of them

@@ -229,8 +229,9 @@ def test_four_bit_build_codes(tmp_path):
     assert got >= recall(fresh, s.q, s.truth) - 0.01
     assert recall(s.out, s.q, s.truth, **NARROW) >= recall(fresh, s.q, s.truth, **NARROW) - 0.02
     # a row's 8-bit code: DIM bytes, its centre (2) and its decoded norm (4)
+    assert _core.merge_row_bytes(8, DIM) == DIM + 6
     s2 = _core.merge(str(tmp_path / "eight.kdx"), [s.inputs["a"]._core],
-                     memory_budget=len(s.inputs["a"]) * (DIM + 6))
+                     memory_budget=len(s.inputs["a"]) * _core.merge_row_bytes(8, DIM))
     assert s2["build_code_bits"] == 8
 
 

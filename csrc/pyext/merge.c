@@ -121,6 +121,20 @@ out:
     return result;
 }
 
+/* merge_row_bytes(bits, dim) -> int: memory_budget a merged row needs (merge.h). */
+PyObject *kd_mod_merge_row_bytes(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    unsigned int bits, dim;
+    if (!PyArg_ParseTuple(args, "II", &bits, &dim))
+        return NULL;
+    if (bits != 4 && bits != 8) {
+        PyErr_SetString(PyExc_ValueError, "bits must be 4 or 8");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(kd_merge_row_bytes(bits, dim));
+}
+
 /* Test hook: _merge_kernel_gap(bits, dim, metric, seed) -> float (merge.h). */
 PyObject *kd_mod_merge_kernel_gap(PyObject *mod, PyObject *args)
 {

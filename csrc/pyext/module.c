@@ -206,6 +206,8 @@ static PyMethodDef mod_methods[] = {
      "the live vectors of several indexes as one index file. progress(done, total) returning "
      "False cancels (RuntimeError, no file); it runs with the indexes locked and must not "
      "modify, search or close them."},
+    {"merge_row_bytes", kd_mod_merge_row_bytes, METH_VARARGS,
+     "merge_row_bytes(bits, dim): memory_budget bytes a merged row's build code takes."},
     {"_merge_kernel_gap", kd_mod_merge_kernel_gap, METH_VARARGS,
      "_merge_kernel_gap(bits, dim, metric, seed=0): error of merge's distance loops (tests)."},
     {"features", mod_features, METH_NOARGS, "What this build and CPU offer."},

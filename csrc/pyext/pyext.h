@@ -107,5 +107,6 @@ PyObject *kd_mod_search_many(PyObject *mod, PyObject *args, PyObject *kw);
 PyObject *kd_mod_merge(PyObject *mod, PyObject *args, PyObject *kw);
 /* Test hook of merge's build-code distances (pyext/merge.c). */
 PyObject *kd_mod_merge_kernel_gap(PyObject *mod, PyObject *args);
+PyObject *kd_mod_merge_row_bytes(PyObject *mod, PyObject *args);
 
 #endif

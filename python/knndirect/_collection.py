@@ -849,11 +849,9 @@ class Collection:
             return self.commit()
 
     def _merge_row_limit(self):
-        """Rows one merge may take: its build codes must fit memory_budget,
-        4 bits a dimension padded to 8 bytes, plus a row's centre (2 bytes)
-        and decoded norm (4), as csrc/merge.c counts them."""
-        per_row = -(-((self._dim + 1) // 2) // 8) * 8 + 6
-        return max(2, self._memory_budget // per_row)
+        """Rows one merge may take: their build codes, 4 bits a dimension at
+        the least, must fit memory_budget."""
+        return max(2, self._memory_budget // _core.merge_row_bytes(4, self._dim))
 
     def _merge_now(self, inputs, threads, progress, cancel=None):
         """Merge inputs (segments of this collection) into one new segment
