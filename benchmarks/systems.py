@@ -2,10 +2,11 @@
 its search-time knob and run a batch search with a given thread count.
 
 Every HNSW-family system gets the same M (level 0 keeps 2*M links) and
-ef_construction. Cosine is native in knndirect, hnswlib and usearch; faiss
-and diskannpy get L2-normalized vectors and queries (normalization is inside
-the timed build and the timed search) and rank by L2, which on unit vectors
-is the cosine order.
+ef_construction. Cosine is native in knndirect, hnswlib, usearch, voyager and
+lancedb; faiss and diskannpy get L2-normalized vectors and queries
+(normalization is inside the timed build and the timed search) and rank by L2,
+which on unit vectors is the cosine order; scann likewise gets normalized
+vectors and ranks by dot product.
 """
 from __future__ import annotations
 
@@ -446,11 +447,252 @@ class DiskANN(System):
         return np.asarray(r.identifiers, dtype=np.int64)
 
 
+def _pkg_version(name):
+    import importlib.metadata as md
+    return md.version(name)
+
+
+def _writable_f32(x):
+    """x as a C-contiguous, writeable float32 array (voyager's bindings refuse
+    read-only arrays, e.g. a read-only mmap): a copy only when x is not one
+    already (the worker's base and query arrays are, so it copies nothing)."""
+    if x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable:
+        return x
+    return np.array(x, dtype=np.float32, order="C")
+
+
+class ScaNN(System):
+    """ScaNN tuned as its docs advise (docs/algorithms.md and the example
+    notebook of google-research/scann): a k-means tree of about sqrt(n)
+    leaves, asymmetric hashing with 2 dimensions per block, then exact float32
+    re-scoring of the shortlist."""
+    name = "scann"
+    normalize_cosine = True
+    note = ("scann_ops_pybind: tree(num_leaves = sqrt(n), training_sample_size = min(n, 250k)) + "
+            "score_ah(2 dims/block; anisotropic_quantization_threshold 0.2 for dot product, none "
+            "for squared_l2) + reorder (float32 re-score); cosine as dot product on normalized "
+            "vectors; build threads via set_n_training_threads; 1 thread: search_batched, "
+            "T > 1: set_num_threads(T - 1) + search_batched_parallel (the calling thread works "
+            "beside the T - 1 pool threads); not a graph, M/ef_construction do not apply")
+    leaves_fracs = (0.01, 0.02, 0.04, 0.08, 0.16)
+    leaves_fracs_quick = (0.015, 0.03, 0.06, 0.12)
+    reorder_mults = (2, 4, 8, 16, 32)
+    reorder_mults_quick = (2, 5, 10, 20)
+
+    def import_lib(self):
+        from scann.scann_ops.py import scann_ops_pybind
+        self.lib = scann_ops_pybind
+        return _pkg_version("scann")
+
+    def _distance(self):
+        return "squared_l2" if self.cfg["metric"] == "l2" else "dot_product"
+
+    def num_leaves(self):
+        return max(1, int(round(math.sqrt(self.cfg["n"]))))
+
+    def training_sample_size(self):
+        return min(self.cfg["n"], 250_000)
+
+    def build(self, x, threads):
+        c = self.cfg
+        x = np.ascontiguousarray(self.prep(x), dtype=np.float32)
+        nl = self.num_leaves()
+        b = self.lib.builder(x, c["k"], self._distance())
+        b = b.tree(num_leaves=nl, num_leaves_to_search=max(1, nl // 20),
+                   training_sample_size=self.training_sample_size())
+        if self._distance() == "dot_product":
+            b = b.score_ah(2, anisotropic_quantization_threshold=0.2)
+        else:
+            # Anisotropic (score-aware) quantization is defined for inner products.
+            b = b.score_ah(2)
+        b = b.reorder(10 * c["k"])
+        b.set_n_training_threads(threads)
+        return b.build()
+
+    def save(self, index, folder):
+        index.serialize(folder, relative_path=True)
+
+    def load(self, folder):
+        return self.lib.load_searcher(folder)
+
+    def points(self):
+        k, nl = self.cfg["k"], self.num_leaves()
+        fracs = self.leaves_fracs_quick if self.cfg["quick"] else self.leaves_fracs
+        mults = self.reorder_mults_quick if self.cfg["quick"] else self.reorder_mults
+        leaves = sorted({min(nl, max(1, int(round(f * nl)))) for f in fracs})
+        return [{"leaves": lv, "reorder": m * k} for m in mults for lv in leaves]
+
+    def search(self, index, q, point, threads):
+        q = np.ascontiguousarray(self.prep(q), dtype=np.float32)
+        k = self.cfg["k"]
+        if threads <= 1:
+            ids, _ = index.search_batched(q, k, point["reorder"], point["leaves"])
+        else:
+            if getattr(self, "_pool_threads", None) != threads:
+                index.set_num_threads(threads - 1)
+                self._pool_threads = threads
+            # Batches of at most ScaNN's default 256 queries, at least 4 per thread.
+            bs = min(256, max(16, -(-len(q) // (4 * threads))))
+            ids, _ = index.search_batched_parallel(q, k, point["reorder"], point["leaves"],
+                                                   batch_size=bs)
+        return np.asarray(ids, dtype=np.int64)
+
+    def info(self, index):
+        return {"num_leaves": self.num_leaves(), "training_sample_size":
+                self.training_sample_size(), "distance_measure": self._distance(),
+                "dimensions_per_block": 2, "build_reorder": 10 * self.cfg["k"]}
+
+
+class Voyager(System):
+    name = "voyager"
+    note = ("Spotify voyager Index (hnswlib-based HNSW), StorageDataType.Float32, M and "
+            "ef_construction as the others; Space.Cosine / Euclidean / InnerProduct (cosine "
+            "native: voyager normalizes on insert); add_items and query with num_threads")
+
+    def import_lib(self):
+        import voyager
+        self.lib = voyager
+        return _pkg_version("voyager")
+
+    def _space(self):
+        S = self.lib.Space
+        return {"cosine": S.Cosine, "l2": S.Euclidean, "ip": S.InnerProduct}[self.cfg["metric"]]
+
+    def build(self, x, threads):
+        c = self.cfg
+        index = self.lib.Index(self._space(), num_dimensions=c["dim"], M=c["m"],
+                               ef_construction=c["ef_construction"], random_seed=1,
+                               max_elements=x.shape[0],
+                               storage_data_type=self.lib.StorageDataType.Float32)
+        index.add_items(_writable_f32(x), list(range(x.shape[0])), num_threads=threads)
+        return index
+
+    def save(self, index, folder):
+        index.save(os.path.join(folder, "index.voy"))
+
+    def load(self, folder):
+        return self.lib.Index.load(os.path.join(folder, "index.voy"))
+
+    def search(self, index, q, point, threads):
+        ids, _ = index.query(_writable_f32(q), k=self.cfg["k"],
+                             num_threads=threads, query_ef=point["ef"])
+        return np.asarray(ids, dtype=np.int64).reshape(len(q), self.cfg["k"])
+
+
+class LanceDB(System):
+    """An on-disk LanceDB table (id, vector) with an IVF_PQ index; the float32
+    vectors stay in the table's files and are read back for the refine step."""
+    name = "lancedb"
+    note = ("LanceDB table on disk + IVF_PQ index (num_partitions = sqrt(n), num_sub_vectors = "
+            "dim/8, 8-bit codes), native metric; knobs nprobes x refine_factor (float32 re-rank "
+            "read from the table); LANCE_CPU_THREADS = the process's thread count. 1 thread: one "
+            "query at a time from Python (Lance may still use helper threads inside a query); "
+            "T > 1: one multi-vector query (LanceDB runs its queries concurrently on that pool)")
+    table_name = "vectors"
+    nprobes = (10, 20, 50)
+    nprobes_quick = (4, 16)
+    refine = (5, 10, 20, 50)
+    refine_quick = (5, 10, 20)
+
+    def import_lib(self):
+        # Lance sizes its compute pool once per process, from LANCE_CPU_THREADS
+        # (read on first use); run.py sets OMP_NUM_THREADS to the worker's count.
+        os.environ.setdefault("LANCE_CPU_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+        import lancedb
+        import pyarrow
+        from lancedb.index import IvfPq
+        self.lib, self.pa, self.IvfPq = lancedb, pyarrow, IvfPq
+        return lancedb.__version__
+
+    def _metric(self):
+        return {"cosine": "cosine", "l2": "l2", "ip": "dot"}[self.cfg["metric"]]
+
+    def num_partitions(self):
+        return max(1, int(round(math.sqrt(self.cfg["n"]))))
+
+    def num_sub_vectors(self):
+        """dim/8 (8 values per sub-vector, one of the two widths LanceDB's docs
+        prefer for SIMD); None (LanceDB's own choice) when 8 does not divide dim."""
+        d = self.cfg["dim"]
+        return d // 8 if d % 8 == 0 else None
+
+    def _batches(self, x, rows=65536):
+        pa = self.pa
+        for lo in range(0, x.shape[0], rows):
+            chunk = np.ascontiguousarray(x[lo:lo + rows], dtype=np.float32)
+            yield pa.record_batch(
+                [pa.array(np.arange(lo, lo + len(chunk), dtype=np.int64)),
+                 pa.FixedSizeListArray.from_arrays(pa.array(chunk.reshape(-1)), x.shape[1])],
+                names=["id", "vector"])
+
+    def build(self, x, threads):
+        import tempfile
+        pa = self.pa
+        folder = tempfile.mkdtemp(dir=self.cfg.get("scratch"))
+        schema = pa.schema([("id", pa.int64()),
+                            ("vector", pa.list_(pa.float32(), x.shape[1]))])
+        db = self.lib.connect(folder)
+        table = db.create_table(self.table_name,
+                                data=pa.RecordBatchReader.from_batches(schema, self._batches(x)))
+        table.create_index("vector", config=self.IvfPq(
+            distance_type=self._metric(), num_partitions=self.num_partitions(),
+            num_sub_vectors=self.num_sub_vectors()))
+        return folder
+
+    def save(self, index, folder):
+        import shutil
+        for p in Path(index).iterdir():
+            shutil.move(str(p), os.path.join(folder, p.name))
+        os.rmdir(index)
+
+    def load(self, folder):
+        return self.lib.connect(folder).open_table(self.table_name)
+
+    def points(self):
+        nps = self.nprobes_quick if self.cfg["quick"] else self.nprobes
+        rfs = self.refine_quick if self.cfg["quick"] else self.refine
+        return [{"nprobes": p, "refine_factor": r} for r in rfs for p in nps]
+
+    def _query(self, index, qv, point):
+        return (index.search(qv).distance_type(self._metric()).nprobes(point["nprobes"])
+                .refine_factor(point["refine_factor"]).limit(self.cfg["k"])
+                .select(["id", "_distance"]))
+
+    def search(self, index, q, point, threads):
+        k = self.cfg["k"]
+        out = np.full((len(q), k), -1, dtype=np.int64)
+        if threads <= 1 or len(q) == 1:
+            for i, qv in enumerate(q):
+                ids = self._query(index, qv, point).to_arrow()["id"].to_numpy()
+                out[i, :len(ids)] = ids[:k]
+            return out
+        r = self._query(index, q, point).to_arrow()
+        qi = r["query_index"].to_numpy()
+        ids = r["id"].to_numpy()
+        order = np.lexsort((r["_distance"].to_numpy(), qi))
+        qi, ids = qi[order], ids[order]
+        starts = np.searchsorted(qi, np.arange(len(q)))
+        ends = np.searchsorted(qi, np.arange(len(q)), side="right")
+        for i in range(len(q)):
+            row = ids[starts[i]:min(ends[i], starts[i] + k)]
+            out[i, :len(row)] = row
+        return out
+
+    def info(self, index):
+        return {"num_partitions": self.num_partitions(), "num_sub_vectors":
+                self.num_sub_vectors(), "num_bits": 8, "distance_type": self._metric(),
+                "lance_cpu_threads": os.environ.get("LANCE_CPU_THREADS")}
+
+
 SYSTEMS = {cls.name: cls for cls in
            (Knndirect, KnndirectDisk, Hnswlib, FaissHNSW, FaissHNSWSQ8, FaissRaBitQ,
-            FaissIVFRaBitQ, Usearch, DiskANN)}
+            FaissIVFRaBitQ, Usearch, DiskANN, ScaNN, Voyager, LanceDB)}
 PEERS = ("hnswlib", "faiss-hnsw", "faiss-hnsw-sq8", "faiss-rabitq", "faiss-ivf-rabitq",
-         "usearch", "diskann")
+         "usearch", "diskann", "scann", "voyager")
+# Run only when named in --systems: lancedb keeps its vectors in on-disk files and
+# answers one query per Python call at 1 thread (a few hundred QPS), so its sweep
+# takes minutes where the in-RAM peers take seconds.
+OPT_IN = ("lancedb",)
 DEFAULT_SYSTEMS = ("knndirect", "knndirect-disk") + PEERS
 
 

@@ -109,6 +109,10 @@ int kd_graph_prepare_keyed(struct kd_graph *g, uint64_t first, uint64_t last, ui
 struct kd_build_oracle {
     void (*from)(void *ctx, uint32_t a, const uint32_t *rows, size_t n, float *out);
     void *ctx;
+    /* Optional: exact distances, when `from` estimates; the beam's results
+     * are re-scored with them before a node's neighbours are chosen. */
+    void (*exact)(void *ctx, uint32_t a, const uint32_t *rows, size_t n, float *out);
+    void *exact_ctx;
 };
 
 /* The diversity rule insertion uses, for a caller that rebuilds a list:

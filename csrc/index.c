@@ -137,6 +137,7 @@ void kd_index_free(struct kd_index *ix)
     free(ix->deleted);
     kd_idmap_free(&ix->idmap);
     kd_quant_free(&ix->quant);
+    kd_bcode_free(&ix->bcode);
     kd_vecio_close(ix->vio);
     free(ix->path);
     pthread_rwlock_destroy(&ix->lock);
@@ -302,6 +303,52 @@ static float oracle_pair(void *p, uint32_t a, uint32_t b)
     }
 }
 
+static void bcode_oracle_from(void *p, uint32_t a, const uint32_t *rows, size_t n, float *out)
+{
+    kd_bcode_from(p, a, rows, n, out);
+}
+
+struct bcode_job {
+    struct kd_index *ix;
+    uint64_t last, next;
+};
+
+static void *bcode_worker(void *arg)
+{
+    struct bcode_job *j = arg;
+    struct kd_index *ix = j->ix;
+    for (;;) {
+        uint64_t i = __atomic_fetch_add(&j->next, 256, __ATOMIC_RELAXED);
+        if (i >= j->last)
+            break;
+        for (uint64_t end = i + 256 < j->last ? i + 256 : j->last; i < end; i++)
+            kd_bcode_encode(&ix->bcode, i, ix->vectors + i * ix->p.dim,
+                            ix->inv_norms ? ix->inv_norms[i] : 1.0f);
+    }
+    return NULL;
+}
+
+/* Build codes for rows [first, last): fitted to every row on the first add
+ * (a loaded index's too), then kept for the next. 1 when there are none
+ * (too many dimensions: insertion uses float32 distances). */
+static int build_codes(struct kd_index *ix, uint64_t first, uint64_t last, unsigned threads)
+{
+    if (getenv("KD_BUILD_FLOAT") || ix->p.dim > KD_BCODE_MAX_DIM)
+        return 1;
+    int err;
+    if (!ix->bcode.codes) {
+        if ((err = kd_bcode_fit(&ix->bcode, ix->p.dim, ix->p.metric == KD_L2, ix->vectors,
+                                ix->inv_norms, last)))
+            return err;
+        first = 0;
+    }
+    if ((err = kd_bcode_reserve(&ix->bcode, ix->cap)))
+        return err;
+    struct bcode_job job = {ix, last, first};
+    kd_run_workers(bcode_worker, &job, threads);
+    return 0;
+}
+
 /* Distances from node a to rows, four rows per pass over a's vector. */
 static void oracle_from(void *p, uint32_t a, const uint32_t *rows, size_t n, float *out)
 {
@@ -368,6 +415,11 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
     if ((err = kd_graph_prepare(&ix->graph, first, last, ix->p.seed)))
         goto out;
     struct kd_build_oracle o = {oracle_from, ix};
+    if ((err = build_codes(ix, first, last, kd_resolve_threads(threads))) < 0)
+        goto out;
+    if (!err)
+        o = (struct kd_build_oracle){bcode_oracle_from, &ix->bcode,
+                                     getenv("KD_BUILD_EXACT") ? oracle_from : NULL, ix};
     err = kd_graph_insert_range(&ix->graph, first, last, ix->p.ef_construction, &o,
                                 kd_resolve_threads(threads));
     if (err) {
@@ -531,6 +583,8 @@ static uint64_t resident_bytes(const struct kd_index *ix)
         if (ix->inv_norms)
             b += n * sizeof(float);
     }
+    if (ix->bcode.codes) /* sum and |q|^2 or bias */
+        b += n * (ix->bcode.width + 2 * sizeof(int32_t));
     return b;
 }
 

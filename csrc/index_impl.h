@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "buildcode.h"
 #include "common.h"
 #include "distance.h"
 #include "format.h"
@@ -65,6 +66,7 @@ struct kd_index {
     uint8_t *deleted; /* one byte per slot, always heap-owned */
     struct kd_graph graph;
     struct kd_idmap idmap;
+    struct kd_bcode bcode; /* what insertion scores with; made at the first add */
 
     int loaded_from_file;
     char *path;

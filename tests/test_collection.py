@@ -165,7 +165,10 @@ def test_memory_budget_flushes_segments(tmp_path, data):
     col = kd.Collection.create(tmp_path / "col", DIM, memory_budget=budget,
                                merge_policy=None)
     col.add(x[:10000])
-    rows = budget // (4 * DIM)
+    # A buffered row costs its float32 vector and its build code (a byte a
+    # dimension, plus a sum and a squared norm).
+    assert kd._core.build_code_row_bytes(DIM) == DIM + 8
+    rows = budget // (4 * DIM + DIM + 8)
     segs = col.segments()
     assert [s["count"] for s in segs] == [rows] * (10000 // rows)
     assert col.info()["buffered"] == 10000 % rows
@@ -438,7 +441,8 @@ def test_orphans_removed_at_writable_open(tmp_path, data):
 def test_segments_share_one_quantizer(tmp_path):
     x = clustered(26000, 8, seed=30)
     path = tmp_path / "col"
-    col = kd.Collection.create(path, 8, memory_budget=21000 * 8 * 4, merge_policy=None)
+    row_bytes = 8 * 4 + kd._core.build_code_row_bytes(8)  # vector and build code
+    col = kd.Collection.create(path, 8, memory_budget=21000 * row_bytes, merge_policy=None)
     col.add(x[:100])               # too few to fit a quantizer on: refitted at the flush
     col.add(x[100:])               # a buffer over 20000 rows, then a second segment
     col.commit()
@@ -459,7 +463,7 @@ def test_cli_builds_a_collection_in_chunks(tmp_path):
     q = clustered(50, DIM, seed=32)
     np.save(tmp_path / "x.npy", x)
     out = tmp_path / "col"
-    budget = 2000 * DIM * 4
+    budget = 2000 * (DIM * 4 + kd._core.build_code_row_bytes(DIM))
     run = subprocess.run([sys.executable, "-m", "knndirect", "build", str(tmp_path / "x.npy"),
                           str(out), "--memory-budget", str(budget), "--segments", "1",
                           "--progress"], capture_output=True, text=True, timeout=300)

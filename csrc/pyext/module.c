@@ -1,6 +1,7 @@
 /* The knndirect._core module: loaders, features and error mapping. */
 #define KD_PYEXT_MODULE
 #include "pyext.h"
+#include "buildcode.h"
 #include "common.h"
 #include "distance.h"
 #include "exact.h"
@@ -152,6 +153,38 @@ static PyObject *mod_kernel(PyObject *mod, PyObject *args)
 }
 
 /* Benchmark hook: seconds to stream a float32 buffer with `threads` threads. */
+static PyObject *mod_build_code_row_bytes(PyObject *mod, PyObject *args)
+{
+    unsigned int dim;
+    if (!PyArg_ParseTuple(args, "I", &dim))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(kd_bcode_row_bytes(dim));
+}
+
+/* Test hook: _build_code_dists(x bytes, n, dim, l2, tier) -> (bytes of n x n
+ * float32 distances, step), for buildcode.h's loops against each other and
+ * against exact distances. */
+static PyObject *mod_build_code_dists(PyObject *mod, PyObject *args)
+{
+    Py_buffer x;
+    unsigned int n, dim;
+    int l2, tier;
+    if (!PyArg_ParseTuple(args, "y*IIpi", &x, &n, &dim, &l2, &tier))
+        return NULL;
+    PyObject *r = NULL, *out = NULL;
+    float step = 0;
+    if (!n || !dim || (size_t)x.len != (size_t)n * dim * sizeof(float) || n > 4096) {
+        PyErr_SetString(PyExc_ValueError, "x must hold n x dim float32 values, 1 <= n <= 4096");
+    } else if ((out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n * n * sizeof(float)))) {
+        int err = kd_bcode_pairwise(x.buf, n, dim, l2, tier, (float *)PyBytes_AS_STRING(out),
+                                    &step);
+        r = err ? kd_raise(err) : Py_BuildValue("(Od)", out, (double)step);
+        Py_DECREF(out);
+    }
+    PyBuffer_Release(&x);
+    return r;
+}
+
 static PyObject *mod_read_probe(PyObject *mod, PyObject *args)
 {
     Py_buffer b;
@@ -206,11 +239,15 @@ static PyMethodDef mod_methods[] = {
      "the live vectors of several indexes as one index file. progress(done, total) returning "
      "False cancels (RuntimeError, no file); it runs with the indexes locked and must not "
      "modify, search or close them."},
+    {"build_code_row_bytes", mod_build_code_row_bytes, METH_VARARGS,
+     "build_code_row_bytes(dim): RAM a row's build code takes while an index grows."},
     {"merge_row_bytes", kd_mod_merge_row_bytes, METH_VARARGS,
      "merge_row_bytes(bits, dim): memory_budget bytes a merged row's build code takes."},
     {"_merge_kernel_gap", kd_mod_merge_kernel_gap, METH_VARARGS,
      "_merge_kernel_gap(bits, dim, metric, seed=0): error of merge's distance loops (tests)."},
     {"features", mod_features, METH_NOARGS, "What this build and CPU offer."},
+    {"_build_code_dists", mod_build_code_dists, METH_VARARGS,
+     "_build_code_dists(x, n, dim, l2, tier): build-code distances at a SIMD tier (tests)."},
     {"_kernel", mod_kernel, METH_VARARGS, "Run one distance kernel variant (tests)."},
     {"_read_probe", mod_read_probe, METH_VARARGS, "Seconds to stream a float32 buffer."},
     {"_inject_fault", (PyCFunction)(void (*)(void))mod_inject_fault, METH_VARARGS | METH_KEYWORDS,

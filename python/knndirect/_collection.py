@@ -572,7 +572,9 @@ class Collection:
             uniq, counts = np.unique(id_arr, return_counts=True)
             if uniq.shape[0] != n:
                 raise ValueError(f"duplicate id {int(uniq[counts > 1][0])} in ids")
-            rows = max(1, self._memory_budget // (4 * self._dim))
+            # The buffer holds each row's vector and its build code.
+            row_bytes = 4 * self._dim + _core.build_code_row_bytes(self._dim)
+            rows = max(1, self._memory_budget // row_bytes)
             for start in range(0, n, rows):
                 part = x[start:start + rows]
                 finite = np.isfinite(part).all(axis=1)

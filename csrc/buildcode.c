@@ -1,0 +1,297 @@
+/* buildcode.c — 8-bit codes with one step for every dimension, and their
+ * integer distances (see buildcode.h). */
+#include "buildcode.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "distance.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#define FIT_SAMPLE 8192
+#define FIT_BINS 4096
+/* Share of sampled values the step may clamp: a few outliers must not
+ * coarsen every other dimension's levels. */
+#define FIT_CLAMPED 1e-5
+
+/* Each loop returns sum_j s8(a_j) * b_j over the stored bytes: a is the node
+ * code with its sign bit flipped back (q), b a row's q + 128. The caller
+ * takes 128 * sum(q_a) off, which gives <q_a, q_b>. */
+static void dot4_scalar(const uint8_t *a, const uint8_t *const rows[4], size_t width,
+                        int64_t out[4])
+{
+    for (int r = 0; r < 4; r++) {
+        int64_t acc = 0;
+        for (size_t j = 0; j < width; j++)
+            acc += (int8_t)(a[j] ^ 0x80) * (int32_t)rows[r][j];
+        out[r] = acc;
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"))) static void dot4_avx2(const uint8_t *a,
+                                                      const uint8_t *const rows[4], size_t width,
+                                                      int64_t out[4])
+{
+    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                      _mm256_setzero_si256()};
+    const __m128i flip = _mm_set1_epi8((char)0x80);
+    for (size_t j = 0; j < width; j += 16) {
+        __m256i qa = _mm256_cvtepi8_epi16(
+            _mm_xor_si128(_mm_loadu_si128((const __m128i *)(a + j)), flip));
+        for (int r = 0; r < 4; r++) {
+            __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(rows[r] + j)));
+            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(qa, b));
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        __m128i x = _mm_add_epi32(_mm256_castsi256_si128(acc[r]), _mm256_extracti128_si256(acc[r], 1));
+        x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
+        x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
+        out[r] = _mm_cvtsi128_si32(x);
+    }
+}
+
+/* 64 dimensions an instruction, four rows a pass sharing the node's load. */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
+dot4_vnni(const uint8_t *a, const uint8_t *const rows[4], size_t width, int64_t out[4])
+{
+    __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                      _mm512_setzero_si512()};
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (size_t j = 0; j < width; j += 64) {
+        /* The last step may be short: lanes past the width load as 0 and
+         * multiply a row's 0, adding nothing. */
+        __mmask64 k = width - j >= 64 ? ~0ull : (1ull << (width - j)) - 1;
+        __m512i qa = _mm512_xor_si512(_mm512_maskz_loadu_epi8(k, a + j), flip);
+        for (int r = 0; r < 4; r++)
+            acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_maskz_loadu_epi8(k, rows[r] + j), qa);
+    }
+    for (int r = 0; r < 4; r++)
+        out[r] = _mm512_reduce_add_epi32(acc[r]);
+}
+
+static int has_vnni(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+#endif
+
+int kd_bcode_use_tier(struct kd_bcode *b, int tier)
+{
+    switch (tier) {
+    case KD_BCODE_SCALAR:
+        b->dot4 = dot4_scalar;
+        break;
+#if defined(__x86_64__) || defined(__i386__)
+    case KD_BCODE_AVX2:
+        if (!kd_cpu_has_avx2())
+            return 0;
+        b->dot4 = dot4_avx2;
+        break;
+    case KD_BCODE_VNNI:
+        if (!has_vnni())
+            return 0;
+        b->dot4 = dot4_vnni;
+        break;
+#endif
+    default:
+        return 0;
+    }
+    b->tier = tier;
+    return 1;
+}
+
+static int widest_tier(struct kd_bcode *b)
+{
+    for (int t = KD_BCODE_TIERS - 1; t > KD_BCODE_SCALAR; t--)
+        if (kd_bcode_use_tier(b, t))
+            return t;
+    return kd_bcode_use_tier(b, KD_BCODE_SCALAR);
+}
+
+uint64_t kd_bcode_row_bytes(uint32_t dim)
+{
+    return dim > KD_BCODE_MAX_DIM ? 0 : kd_round_up(dim, 16) + 2 * sizeof(int32_t);
+}
+
+static inline float value_at(const float *x, const float *mul, size_t i, uint32_t dim, uint32_t j)
+{
+    return x[i * dim + j] * (mul ? mul[i] : 1.0f);
+}
+
+int kd_bcode_fit(struct kd_bcode *b, uint32_t dim, int l2, const float *x, const float *mul,
+                 size_t n)
+{
+    memset(b, 0, sizeof *b);
+    if (dim > KD_BCODE_MAX_DIM || n == 0)
+        return kd_fail(-EINVAL, "build codes need 1 to %d dimensions and some rows",
+                       KD_BCODE_MAX_DIM);
+    b->dim = dim;
+    b->width = (uint32_t)kd_round_up(dim, 16);
+    b->l2 = l2;
+    widest_tier(b);
+    size_t s = n < FIT_SAMPLE ? n : FIT_SAMPLE;
+    double *acc = calloc(dim, sizeof(double));
+    uint64_t *bins = calloc(FIT_BINS, sizeof(uint64_t));
+    b->mean = malloc(dim * sizeof(float));
+    if (!acc || !bins || !b->mean) {
+        free(acc);
+        free(bins);
+        kd_bcode_free(b);
+        return kd_fail(-ENOMEM, "out of memory fitting the build codes");
+    }
+    for (size_t t = 0; t < s; t++)
+        for (uint32_t j = 0; j < dim; j++)
+            acc[j] += value_at(x, mul, t * n / s, dim, j);
+    double msq = 0;
+    for (uint32_t j = 0; j < dim; j++) {
+        b->mean[j] = (float)(acc[j] / (double)s);
+        msq += (double)b->mean[j] * b->mean[j];
+    }
+    b->mean_sq = (float)msq;
+    /* The step: the largest deviation left once FIT_CLAMPED of them clamp. */
+    float top = 0;
+    for (size_t t = 0; t < s; t++)
+        for (uint32_t j = 0; j < dim; j++)
+            top = fmaxf(top, fabsf(value_at(x, mul, t * n / s, dim, j) - b->mean[j]));
+    float edge = top;
+    if (top > 0) {
+        for (size_t t = 0; t < s; t++)
+            for (uint32_t j = 0; j < dim; j++) {
+                float dev = fabsf(value_at(x, mul, t * n / s, dim, j) - b->mean[j]);
+                size_t k = (size_t)(dev / top * (FIT_BINS - 1));
+                bins[k]++;
+            }
+        uint64_t keep = (uint64_t)ceil((double)s * dim * (1 - FIT_CLAMPED)), seen = 0;
+        for (size_t k = 0; k < FIT_BINS; k++)
+            if ((seen += bins[k]) >= keep) {
+                edge = top * (float)(k + 1) / (FIT_BINS - 1);
+                break;
+            }
+    }
+    b->step = edge > 0 ? fminf(edge, top) / 127.0f : 1.0f;
+    free(acc);
+    free(bins);
+    return 0;
+}
+
+void kd_bcode_free(struct kd_bcode *b)
+{
+    free(b->mean);
+    free(b->codes);
+    free(b->sum);
+    free(b->sq);
+    free(b->bias);
+    memset(b, 0, sizeof *b);
+}
+
+int kd_bcode_reserve(struct kd_bcode *b, uint64_t cap)
+{
+    if (cap <= b->cap)
+        return 0;
+    uint8_t *c = realloc(b->codes, cap * b->width);
+    if (c)
+        b->codes = c;
+    int32_t *s = realloc(b->sum, cap * sizeof(int32_t));
+    if (s)
+        b->sum = s;
+    int ok = c && s;
+    if (ok && b->l2) {
+        int32_t *q = realloc(b->sq, cap * sizeof(int32_t));
+        if (q)
+            b->sq = q;
+        ok = q != NULL;
+    } else if (ok) {
+        float *f = realloc(b->bias, cap * sizeof(float));
+        if (f)
+            b->bias = f;
+        ok = f != NULL;
+    }
+    if (!ok)
+        return kd_fail(-ENOMEM, "out of memory for the build codes (%llu bytes)",
+                       (unsigned long long)(cap * (b->width + 8)));
+    b->cap = cap;
+    return 0;
+}
+
+void kd_bcode_encode(struct kd_bcode *b, uint64_t row, const float *x, float mul)
+{
+    uint8_t *c = b->codes + row * b->width;
+    float inv = 1.0f / b->step;
+    int32_t sum = 0, sq = 0;
+    double bias = 0;
+    for (uint32_t j = 0; j < b->dim; j++) {
+        int q = (int)lrintf((x[j] * mul - b->mean[j]) * inv);
+        q = q < -127 ? -127 : (q > 127 ? 127 : q);
+        c[j] = (uint8_t)(q + 128);
+        sum += q;
+        sq += q * q;
+        bias += (double)b->mean[j] * q;
+    }
+    memset(c + b->dim, 128, b->width - b->dim);
+    b->sum[row] = sum;
+    if (b->l2)
+        b->sq[row] = sq;
+    else
+        b->bias[row] = (float)(bias * b->step);
+}
+
+void kd_bcode_from(const struct kd_bcode *b, uint32_t a, const uint32_t *rows, size_t n,
+                   float *out)
+{
+    const uint8_t *ca = b->codes + (size_t)a * b->width;
+    int64_t shift = 128 * (int64_t)b->sum[a];
+    float s2 = b->step * b->step;
+    for (size_t i = 0; i < n; i += 4) {
+        const uint8_t *c[4];
+        int64_t dot[4];
+        for (size_t t = 0; t < 4; t++) /* past n: row i again, its sum unused */
+            c[t] = b->codes + (size_t)rows[i + t < n ? i + t : i] * b->width;
+        b->dot4(ca, c, b->width, dot);
+        for (size_t t = 0; t < 4 && i + t < n; t++) {
+            uint32_t r = rows[i + t];
+            int64_t ip = dot[t] - shift;
+            out[i + t] = b->l2 ? s2 * (float)((int64_t)b->sq[a] + b->sq[r] - 2 * ip)
+                               : -(b->mean_sq + b->bias[a] + b->bias[r] + s2 * (float)ip);
+        }
+    }
+}
+
+int kd_bcode_pairwise(const float *x, size_t n, uint32_t dim, int l2, int tier, float *out,
+                      float *step)
+{
+    struct kd_bcode b;
+    int err = kd_bcode_fit(&b, dim, l2, x, NULL, n);
+    if (err)
+        return err;
+    if (!kd_bcode_use_tier(&b, tier)) {
+        err = kd_fail(-ENOTSUP, "build-code tier %d is unavailable on this CPU", tier);
+        goto out;
+    }
+    uint32_t *rows = malloc(n * sizeof(uint32_t));
+    if (!rows || (err = kd_bcode_reserve(&b, n))) {
+        free(rows);
+        err = err ? err : kd_fail(-ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        kd_bcode_encode(&b, i, x + i * dim, 1.0f);
+        rows[i] = (uint32_t)i;
+    }
+    for (size_t i = 0; i < n; i++)
+        kd_bcode_from(&b, (uint32_t)i, rows, n, out + i * n);
+    *step = b.step;
+    free(rows);
+out:
+    kd_bcode_free(&b);
+    return err;
+}

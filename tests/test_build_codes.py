@@ -1,0 +1,80 @@
+"""The 8-bit codes that graph insertion scores with (csrc/buildcode.c):
+every SIMD tier gives the scalar loop's distances bit for bit, the
+estimates stay within the quantization error bound of the exact distances,
+and graphs built over them keep recall against brute force."""
+import numpy as np
+import pytest
+
+import knndirect as kd
+from knndirect import _core
+
+TIERS = {0: "scalar", 1: "avx2", 2: "avx512-vnni"}
+
+
+def dists(x, l2, tier):
+    n, d = x.shape
+    raw, step = _core._build_code_dists(np.ascontiguousarray(x, np.float32).tobytes(), n, d,
+                                        l2, tier)
+    return np.frombuffer(raw, np.float32).reshape(n, n), step
+
+
+@pytest.mark.parametrize("tier", [1, 2])
+@pytest.mark.parametrize("dim", [1, 7, 63, 64, 65, 200, 384, 769])
+@pytest.mark.parametrize("l2", [True, False])
+def test_simd_tiers_equal_scalar(tier, dim, l2):
+    x = np.random.default_rng(dim).standard_normal((40, dim)).astype(np.float32) * 3 + 1
+    ref, _ = dists(x, l2, 0)
+    try:
+        got, _ = dists(x, l2, tier)
+    except OSError as e:
+        pytest.skip(f"{TIERS[tier]} build-code loop: {e}")
+    assert np.array_equal(got, ref)
+
+
+@pytest.mark.parametrize("dim", [16, 128, 384])
+def test_l2_estimates_within_quantization_bound(dim):
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((60, dim)) * rng.uniform(0.2, 2.0, dim)).astype(np.float32)
+    est, step = dists(x, True, 0)
+    exact = ((x[:, None, :].astype(np.float64) - x[None]) ** 2).sum(-1)
+    # Each coordinate is off by at most step/2, a difference by step * sqrt(d).
+    e = step * np.sqrt(dim)
+    bound = 2 * np.sqrt(exact) * e + e * e + 1e-5 * exact
+    assert np.all(np.abs(est - exact) <= bound)
+    assert np.abs(est - exact).max() > 0  # the codes are lossy: the check is not vacuous
+
+
+@pytest.mark.parametrize("dim", [16, 128, 384])
+def test_inner_product_estimates_within_quantization_bound(dim):
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((60, dim)) + 0.5).astype(np.float32)
+    est, step = dists(x, False, 0)
+    x64 = x.astype(np.float64)
+    exact = -(x64 @ x64.T)
+    norms = np.linalg.norm(x64, axis=1)
+    e = step * np.sqrt(dim) / 2
+    bound = (norms[:, None] + norms[None]) * e + e * e + 1e-5 * (1 + np.abs(exact))
+    assert np.all(np.abs(est - exact) <= bound)
+
+
+def test_one_outlier_does_not_set_the_step():
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((4000, 32)).astype(np.float32)
+    _, plain = dists(x[:4000], True, 0)  # n is capped at 4096 by the hook
+    x[5, 3] = 1e4
+    _, with_outlier = dists(x, True, 0)
+    assert with_outlier < 2 * plain
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip", "cosine"])
+def test_graph_over_build_codes_keeps_recall(metric):
+    data = kd.datasets.clustered(6200, 48, seed=21)
+    base, queries = data[:6000], data[6000:]
+    index = kd.Index(48, metric, seed=3)
+    index.add(base[:3000])
+    index.add(base[3000:])  # the second add reuses the codes fitted by the first
+    _, ids = index.search(queries, 10, ef=64, oversample=10)
+    truth, _ = kd.datasets.ground_truth(base, queries, 10, metric)
+    recall = kd.datasets.recall_at_k(ids, truth)
+    assert recall >= 0.97, recall
+    index.close()
