@@ -35,9 +35,8 @@ static void dot4_scalar(const uint8_t *a, const uint8_t *const rows[4], size_t w
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx2"))) static void dot4_avx2(const uint8_t *a,
-                                                      const uint8_t *const rows[4], size_t width,
-                                                      int64_t out[4])
+__attribute__((target("avx2"))) static void
+dot4_avx2(const uint8_t *a, const uint8_t *const rows[4], size_t width, int64_t out[4])
 {
     __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                       _mm256_setzero_si256()};
@@ -51,7 +50,8 @@ __attribute__((target("avx2"))) static void dot4_avx2(const uint8_t *a,
         }
     }
     for (int r = 0; r < 4; r++) {
-        __m128i x = _mm_add_epi32(_mm256_castsi256_si128(acc[r]), _mm256_extracti128_si256(acc[r], 1));
+        __m128i x = _mm_add_epi32(_mm256_castsi256_si128(acc[r]),
+                                  _mm256_extracti128_si256(acc[r], 1));
         x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
         x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
         out[r] = _mm_cvtsi128_si32(x);
@@ -245,8 +245,7 @@ void kd_bcode_encode(struct kd_bcode *b, uint64_t row, const float *x, float mul
         b->bias[row] = (float)(bias * b->step);
 }
 
-void kd_bcode_from(const struct kd_bcode *b, uint32_t a, const uint32_t *rows, size_t n,
-                   float *out)
+void kd_bcode_from(const struct kd_bcode *b, uint32_t a, const uint32_t *rows, size_t n, float *out)
 {
     const uint8_t *ca = b->codes + (size_t)a * b->width;
     int64_t shift = 128 * (int64_t)b->sum[a];

@@ -519,18 +519,6 @@ static void set_list(struct kd_graph *g, const struct kd_build_oracle *o, uint32
         force_in_link(g, chosen[0], node, level);
 }
 
-/* The beam's results s->res[0..n) scored exactly and re-sorted. */
-static void rescore(const struct kd_build_oracle *o, uint32_t node, struct kd_search_scratch *s,
-                    size_t n, uint32_t *rows, float *dists)
-{
-    for (size_t i = 0; i < n; i++)
-        rows[i] = s->res[i].row;
-    o->exact(o->exact_ctx, node, rows, n, dists);
-    for (size_t i = 0; i < n; i++)
-        s->res[i].dist = dists[i];
-    qsort(s->res, n, sizeof *s->res, cmp_item);
-}
-
 static int insert_one(struct kd_graph *g, const struct kd_build_oracle *o, uint32_t node,
                       uint32_t ef, struct kd_search_scratch *s, struct kd_heap_item *buf,
                       uint32_t *rows, float *dists)
@@ -561,8 +549,6 @@ static int insert_one(struct kd_graph *g, const struct kd_build_oracle *o, uint3
                 pthread_mutex_unlock(&g->entry_lock);
             return kd_fail(-ENOMEM, "out of memory while building the graph");
         }
-        if (o->exact)
-            rescore(o, node, s, nres, rows + 2 * g->m0 + 4, dists + g->m0 + 2);
         size_t kept = select_diverse(o, s->res, nres, g->m, chosen);
         set_list(g, o, node, lc, chosen, kept, buf, rows, dists);
         nentry = nres < 64 ? nres : 64;
@@ -628,8 +614,8 @@ static void *insert_worker(void *arg)
     /* A reconnect keeps its candidates after the first m0 + 2 items. */
     size_t nbuf = g->m0 + 2 + (c->nodes ? c->ef + g->m0 + 2 : 0);
     struct kd_heap_item *buf = malloc(nbuf * sizeof *buf);
-    uint32_t *rows = malloc((2 * g->m0 + 4 + c->ef) * sizeof(uint32_t));
-    float *dists = malloc((g->m0 + 2 + c->ef) * sizeof(float));
+    uint32_t *rows = malloc((2 * g->m0 + 4) * sizeof(uint32_t));
+    float *dists = malloc((g->m0 + 2) * sizeof(float));
     int err = kd_scratch_reserve(&s, c->nodes ? g->count : c->last, c->ef, g->m0);
     if (!err && (!buf || !rows || !dists))
         err = kd_fail(-ENOMEM, "out of memory while building the graph");

@@ -1,5 +1,5 @@
 /* hnsw.h — the proximity graph: layered neighbour lists, parallel insertion
- * over exact float32 distances, and beam search driven by any batch distance
+ * over a distance oracle (build codes), and beam search driven by any batch distance
  * (quantized estimates at query time). */
 #ifndef KD_HNSW_H
 #define KD_HNSW_H
@@ -105,14 +105,11 @@ int kd_graph_prepare(struct kd_graph *g, uint64_t first, uint64_t last, uint64_t
 int kd_graph_prepare_keyed(struct kd_graph *g, uint64_t first, uint64_t last, uint64_t seed,
                            const uint64_t *keys);
 
-/* Exact distances from a stored node to others: what insertion needs. */
+/* Distances from a stored node to others, what insertion needs: exact, or
+ * estimates over build codes (buildcode.h, merge.c). */
 struct kd_build_oracle {
     void (*from)(void *ctx, uint32_t a, const uint32_t *rows, size_t n, float *out);
     void *ctx;
-    /* Optional: exact distances, when `from` estimates; the beam's results
-     * are re-scored with them before a node's neighbours are chosen. */
-    void (*exact)(void *ctx, uint32_t a, const uint32_t *rows, size_t n, float *out);
-    void *exact_ctx;
 };
 
 /* The diversity rule insertion uses, for a caller that rebuilds a list:

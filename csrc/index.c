@@ -333,7 +333,7 @@ static void *bcode_worker(void *arg)
  * (too many dimensions: insertion uses float32 distances). */
 static int build_codes(struct kd_index *ix, uint64_t first, uint64_t last, unsigned threads)
 {
-    if (getenv("KD_BUILD_FLOAT") || ix->p.dim > KD_BCODE_MAX_DIM)
+    if (ix->p.dim > KD_BCODE_MAX_DIM)
         return 1;
     int err;
     if (!ix->bcode.codes) {
@@ -342,8 +342,11 @@ static int build_codes(struct kd_index *ix, uint64_t first, uint64_t last, unsig
             return err;
         first = 0;
     }
-    if ((err = kd_bcode_reserve(&ix->bcode, ix->cap)))
+    if ((err = kd_bcode_reserve(&ix->bcode, ix->cap))) {
+        if (!ix->bcode.codes) /* refitted next time */
+            kd_bcode_free(&ix->bcode);
         return err;
+    }
     struct bcode_job job = {ix, last, first};
     kd_run_workers(bcode_worker, &job, threads);
     return 0;
@@ -412,14 +415,13 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
     memset(ix->deleted + first, 0, n);
     struct encode_job job = {ix, first, last, first};
     kd_run_workers(encode_worker, &job, kd_resolve_threads(threads));
-    if ((err = kd_graph_prepare(&ix->graph, first, last, ix->p.seed)))
-        goto out;
     struct kd_build_oracle o = {oracle_from, ix};
     if ((err = build_codes(ix, first, last, kd_resolve_threads(threads))) < 0)
         goto out;
     if (!err)
-        o = (struct kd_build_oracle){bcode_oracle_from, &ix->bcode,
-                                     getenv("KD_BUILD_EXACT") ? oracle_from : NULL, ix};
+        o = (struct kd_build_oracle){bcode_oracle_from, &ix->bcode};
+    if ((err = kd_graph_prepare(&ix->graph, first, last, ix->p.seed)))
+        goto out;
     err = kd_graph_insert_range(&ix->graph, first, last, ix->p.ef_construction, &o,
                                 kd_resolve_threads(threads));
     if (err) {
