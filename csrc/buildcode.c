@@ -120,7 +120,7 @@ static int widest_tier(struct kd_bcode *b)
 
 uint64_t kd_bcode_row_bytes(uint32_t dim)
 {
-    return dim > KD_BCODE_MAX_DIM ? 0 : kd_round_up(dim, 16) + 2 * sizeof(int32_t);
+    return dim > KD_BCODE_MAX_DIM ? 0 : kd_round_up(dim, 16) + 2 * sizeof(int32_t); /* stride */
 }
 
 static inline float value_at(const float *x, const float *mul, size_t i, uint32_t dim, uint32_t j)
@@ -137,6 +137,7 @@ int kd_bcode_fit(struct kd_bcode *b, uint32_t dim, int l2, const float *x, const
                        KD_BCODE_MAX_DIM);
     b->dim = dim;
     b->width = (uint32_t)kd_round_up(dim, 16);
+    b->stride = b->width + 2 * sizeof(int32_t);
     b->l2 = l2;
     widest_tier(b);
     size_t s = n < FIT_SAMPLE ? n : FIT_SAMPLE;
@@ -187,10 +188,7 @@ int kd_bcode_fit(struct kd_bcode *b, uint32_t dim, int l2, const float *x, const
 void kd_bcode_free(struct kd_bcode *b)
 {
     free(b->mean);
-    free(b->codes);
-    free(b->sum);
-    free(b->sq);
-    free(b->bias);
+    free(b->rows);
     memset(b, 0, sizeof *b);
 }
 
@@ -198,34 +196,45 @@ int kd_bcode_reserve(struct kd_bcode *b, uint64_t cap)
 {
     if (cap <= b->cap)
         return 0;
-    uint8_t *c = realloc(b->codes, cap * b->width);
-    if (c)
-        b->codes = c;
-    int32_t *s = realloc(b->sum, cap * sizeof(int32_t));
-    if (s)
-        b->sum = s;
-    int ok = c && s;
-    if (ok && b->l2) {
-        int32_t *q = realloc(b->sq, cap * sizeof(int32_t));
-        if (q)
-            b->sq = q;
-        ok = q != NULL;
-    } else if (ok) {
-        float *f = realloc(b->bias, cap * sizeof(float));
-        if (f)
-            b->bias = f;
-        ok = f != NULL;
-    }
-    if (!ok)
+    uint8_t *r = realloc(b->rows, cap * b->stride);
+    if (!r)
         return kd_fail(-ENOMEM, "out of memory for the build codes (%llu bytes)",
-                       (unsigned long long)(cap * (b->width + 8)));
+                       (unsigned long long)(cap * b->stride));
+    b->rows = r;
     b->cap = cap;
     return 0;
 }
 
+static inline const uint8_t *code_of(const struct kd_bcode *b, uint64_t row)
+{
+    return b->rows + row * b->stride;
+}
+
+/* The row's two terms after its code: sum(q), then |q|^2 or the bias. */
+static inline int32_t sum_of(const struct kd_bcode *b, uint64_t row)
+{
+    int32_t v;
+    memcpy(&v, code_of(b, row) + b->width, sizeof v);
+    return v;
+}
+
+static inline int32_t sq_of(const struct kd_bcode *b, uint64_t row)
+{
+    int32_t v;
+    memcpy(&v, code_of(b, row) + b->width + 4, sizeof v);
+    return v;
+}
+
+static inline float bias_of(const struct kd_bcode *b, uint64_t row)
+{
+    float v;
+    memcpy(&v, code_of(b, row) + b->width + 4, sizeof v);
+    return v;
+}
+
 void kd_bcode_encode(struct kd_bcode *b, uint64_t row, const float *x, float mul)
 {
-    uint8_t *c = b->codes + row * b->width;
+    uint8_t *c = b->rows + row * b->stride;
     float inv = 1.0f / b->step;
     int32_t sum = 0, sq = 0;
     double bias = 0;
@@ -238,29 +247,37 @@ void kd_bcode_encode(struct kd_bcode *b, uint64_t row, const float *x, float mul
         bias += (double)b->mean[j] * q;
     }
     memset(c + b->dim, 128, b->width - b->dim);
-    b->sum[row] = sum;
+    float fb = (float)(bias * b->step);
+    memcpy(c + b->width, &sum, 4);
     if (b->l2)
-        b->sq[row] = sq;
+        memcpy(c + b->width + 4, &sq, 4);
     else
-        b->bias[row] = (float)(bias * b->step);
+        memcpy(c + b->width + 4, &fb, 4);
 }
 
 void kd_bcode_from(const struct kd_bcode *b, uint32_t a, const uint32_t *rows, size_t n, float *out)
 {
-    const uint8_t *ca = b->codes + (size_t)a * b->width;
-    int64_t shift = 128 * (int64_t)b->sum[a];
+    const uint8_t *ca = code_of(b, a);
+    int64_t shift = 128 * (int64_t)sum_of(b, a), sq_a = b->l2 ? sq_of(b, a) : 0;
+    float bias_a = b->l2 ? 0 : bias_of(b, a);
     float s2 = b->step * b->step;
+    /* The rows are scattered: ask for all of their lines first, so that
+     * the misses overlap (measured 14% faster builds than four rows at a
+     * time, 116k x 384 with 2 threads). */
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < b->stride; j += 64)
+            __builtin_prefetch(code_of(b, rows[i]) + j);
     for (size_t i = 0; i < n; i += 4) {
         const uint8_t *c[4];
         int64_t dot[4];
         for (size_t t = 0; t < 4; t++) /* past n: row i again, its sum unused */
-            c[t] = b->codes + (size_t)rows[i + t < n ? i + t : i] * b->width;
+            c[t] = code_of(b, rows[i + t < n ? i + t : i]);
         b->dot4(ca, c, b->width, dot);
         for (size_t t = 0; t < 4 && i + t < n; t++) {
             uint32_t r = rows[i + t];
             int64_t ip = dot[t] - shift;
-            out[i + t] = b->l2 ? s2 * (float)((int64_t)b->sq[a] + b->sq[r] - 2 * ip)
-                               : -(b->mean_sq + b->bias[a] + b->bias[r] + s2 * (float)ip);
+            out[i + t] = b->l2 ? s2 * (float)(sq_a + sq_of(b, r) - 2 * ip)
+                               : -(b->mean_sq + bias_a + bias_of(b, r) + s2 * (float)ip);
         }
     }
 }

@@ -31,10 +31,10 @@ struct kd_bcode {
     float step, mean_sq;
     float *mean;
     uint64_t cap;
-    uint8_t *codes; /* q + 128, width bytes a row */
-    int32_t *sum;   /* per row: sum of q */
-    int32_t *sq;    /* l2: |q|^2 per row */
-    float *bias;    /* inner product: step <mean, q> per row */
+    uint32_t stride; /* bytes a row: the code, then its two terms */
+    /* Per row: q + 128 (width bytes), then sum(q) as int32, then |q|^2
+     * (l2, int32) or step <mean, q> (float): one row's misses bring all. */
+    uint8_t *rows;
     kd_bcode_dot4_fn dot4;
     int tier;
 };

@@ -336,14 +336,14 @@ static int build_codes(struct kd_index *ix, uint64_t first, uint64_t last, unsig
     if (ix->p.dim > KD_BCODE_MAX_DIM)
         return 1;
     int err;
-    if (!ix->bcode.codes) {
+    if (!ix->bcode.rows) {
         if ((err = kd_bcode_fit(&ix->bcode, ix->p.dim, ix->p.metric == KD_L2, ix->vectors,
                                 ix->inv_norms, last)))
             return err;
         first = 0;
     }
     if ((err = kd_bcode_reserve(&ix->bcode, ix->cap))) {
-        if (!ix->bcode.codes) /* refitted next time */
+        if (!ix->bcode.rows) /* refitted next time */
             kd_bcode_free(&ix->bcode);
         return err;
     }
@@ -585,8 +585,8 @@ static uint64_t resident_bytes(const struct kd_index *ix)
         if (ix->inv_norms)
             b += n * sizeof(float);
     }
-    if (ix->bcode.codes) /* sum and |q|^2 or bias */
-        b += n * (ix->bcode.width + 2 * sizeof(int32_t));
+    if (ix->bcode.rows)
+        b += n * ix->bcode.stride;
     return b;
 }
 
