@@ -78,3 +78,19 @@ def test_graph_over_build_codes_keeps_recall(metric):
     recall = kd.datasets.recall_at_k(ids, truth)
     assert recall >= 0.97, recall
     index.close()
+
+
+def test_resident_bytes_count_the_build_codes(tmp_path):
+    """A built index holds its build codes (for the next add): dim rounded up
+    to 16 plus 8 bytes a row; a loaded one has none until it adds."""
+    x = kd.datasets.clustered(3000, 40, seed=23)
+    built = kd.Index(40, "l2")
+    built.add(x)
+    built.save(tmp_path / "i.kdx")
+    loaded = kd.load(tmp_path / "i.kdx")
+    extra = built.info()["resident_bytes"] - loaded.info()["resident_bytes"]
+    assert extra == 3000 * (48 + 8) == 3000 * kd._core.build_code_row_bytes(40)
+    loaded.add(x[:10] + 1.0, ids=range(3000, 3010))
+    assert loaded.info()["resident_bytes"] > built.info()["resident_bytes"]
+    built.close()
+    loaded.close()
