@@ -202,6 +202,7 @@ int kd_bcode_reserve(struct kd_bcode *b, uint64_t cap)
                        (unsigned long long)(cap * b->stride));
     b->rows = r;
     b->cap = cap;
+    kd_advise_huge(r, cap * b->stride);
     return 0;
 }
 

@@ -3,6 +3,8 @@
 #endif
 #include "common.h"
 
+#include <sys/mman.h>
+
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -58,6 +60,15 @@ unsigned kd_cpu_count(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (unsigned)n : 1;
+}
+
+void kd_advise_huge(void *p, size_t len)
+{
+#ifdef MADV_HUGEPAGE
+    uintptr_t lo = kd_round_up((uintptr_t)p, 4096), hi = ((uintptr_t)p + len) & ~(uintptr_t)4095;
+    if (hi > lo + (2u << 20)) /* a huge page could fit */
+        madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#endif
 }
 
 void *kd_alloc_aligned(size_t alignment, size_t size)

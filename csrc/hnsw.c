@@ -347,6 +347,7 @@ int kd_graph_reserve(struct kd_graph *g, uint64_t cap)
         g->locks = lk;
     if (!l0 || !lv || !up || !lk)
         return kd_fail(-ENOMEM, "out of memory for the graph");
+    kd_advise_huge(l0, cap * (1 + g->m0) * sizeof(uint32_t));
     return 0;
 }
 
