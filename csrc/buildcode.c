@@ -20,9 +20,10 @@
  * coarsen every other dimension's levels. */
 #define FIT_CLAMPED 1e-5
 
-/* Each loop returns sum_j s8(a_j) * b_j over the stored bytes: a is the node
- * code with its sign bit flipped back (q), b a row's q + 128. The caller
- * takes 128 * sum(q_a) off, which gives <q_a, q_b>. */
+/* Each loop returns sum_j q_a[j] * b[j] over the stored bytes, where a and b
+ * are stored codes (q + 128) and q_a is a read back as signed (top bit
+ * flipped). As b = q_b + 128, the caller takes 128 * sum(q_a) off to get
+ * <q_a, q_b>. */
 static void dot4_scalar(const uint8_t *a, const uint8_t *const rows[4], size_t width,
                         int64_t out[4])
 {
