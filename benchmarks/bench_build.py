@@ -69,7 +69,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_data  # noqa: E402
 import report  # noqa: E402
-from run import machine_meta, run_worker  # noqa: E402
+from run import loadavg, machine_meta, run_worker  # noqa: E402
 from systems import SYSTEMS  # noqa: E402
 
 MID_POINTS = {"knndirect": {"ef": 64, "oversample": 5}, "hnswlib": {"ef": 64}}
@@ -134,10 +134,6 @@ def parse_args(argv=None):
 
 def log(msg):
     print(f"[build] {msg}", flush=True)
-
-
-def loadavg():
-    return [round(v, 2) for v in os.getloadavg()]
 
 
 def parse_size(s):

@@ -64,8 +64,8 @@ def report(result):
     m = result["meta"]
     lines = ["# Build time against the peers, interleaved", "",
              f"{m['date']}, {m['machine_label']}: {m['cpu']}, {m['nproc']} cores; knndirect "
-             f"{m['knndirect_commit']}. Load average {m['loadavg_start']} at the start, "
-             f"{m.get('loadavg_end')} at the end. {result['rounds']} rounds, each system built "
+             f"{m['knndirect_commit']}. Load average {m['loadavg_start']:.2f} at the start, "
+             f"{m['loadavg_end']:.2f} at the end. {result['rounds']} rounds, each system built "
              f"once per round in a fresh process with {result['threads']} threads, M 16, "
              "ef_construction 200, in an order rotated every round.", "",
              "| set | system | median build s | all builds s | knndirect / system (median of "

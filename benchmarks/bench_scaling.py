@@ -57,7 +57,8 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import bench_data  # noqa: E402
-from run import machine_meta  # noqa: E402
+from run import loadavg, machine_meta  # noqa: E402
+from worker import timed_passes  # noqa: E402
 from systems import EF_SWEEP, SYSTEMS  # noqa: E402
 
 DEFAULT_DATASETS = "clustered-100k-384,minilm-wordnet,clustered-100k-768"
@@ -109,10 +110,6 @@ def log(msg):
     print(f"[scaling] {msg}", flush=True)
 
 
-def loadavg():
-    return [round(v, 2) for v in os.getloadavg()]
-
-
 def missing_reason(spec, n_queries):
     """Why a dataset cannot be used without making it first (None: usable).
     Clustered sets are generated and cached on first use, so never missing."""
@@ -144,16 +141,7 @@ def recall(ids, gt, k):
 def timed(system, index, q, point, threads, repeats, warmup):
     """Warm-up on the first `warmup` queries, then the median of `repeats`
     passes over the whole batch; returns (median seconds, all seconds, ids)."""
-    if warmup:
-        system.search(index, q[:warmup], point, threads)
-    times, ids = [], None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        r = system.search(index, q, point, threads)
-        times.append(time.perf_counter() - t)
-        if ids is None:
-            ids = r
-    return float(np.median(times)), times, ids
+    return timed_passes(system, index, q, point, threads, repeats, max(warmup, 1), min_time=0)
 
 
 def candidate_points(name, k):

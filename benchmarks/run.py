@@ -109,6 +109,11 @@ def parse_args(argv=None):
     return args
 
 
+def loadavg():
+    """The 1, 5 and 15 minute load averages, rounded."""
+    return [round(v, 2) for v in os.getloadavg()]
+
+
 def machine_meta(label):
     cpu = "unknown CPU"
     try:
