@@ -14,7 +14,6 @@
 #include <immintrin.h>
 #endif
 
-#define FIT_SAMPLE 8192
 #define FIT_BINS 4096
 /* Share of sampled values the step may clamp: a few outliers must not
  * coarsen every other dimension's levels. */
@@ -141,7 +140,8 @@ int kd_bcode_fit(struct kd_bcode *b, uint32_t dim, int l2, const float *x, const
     b->stride = b->width + 2 * sizeof(int32_t);
     b->l2 = l2;
     widest_tier(b);
-    size_t s = n < FIT_SAMPLE ? n : FIT_SAMPLE;
+    b->fitted = n;
+    size_t s = n < KD_BCODE_FIT_SAMPLE ? n : KD_BCODE_FIT_SAMPLE;
     double *acc = calloc(dim, sizeof(double));
     uint64_t *bins = calloc(FIT_BINS, sizeof(uint64_t));
     b->mean = malloc(dim * sizeof(float));
@@ -184,6 +184,11 @@ int kd_bcode_fit(struct kd_bcode *b, uint32_t dim, int l2, const float *x, const
     free(acc);
     free(bins);
     return 0;
+}
+
+int kd_bcode_refit_due(const struct kd_bcode *b, uint64_t rows)
+{
+    return !b->mean || (b->fitted < KD_BCODE_FIT_SAMPLE && rows >= 2 * b->fitted);
 }
 
 void kd_bcode_free(struct kd_bcode *b)

@@ -30,6 +30,7 @@ struct kd_bcode {
     int l2;              /* squared l2, else minus the inner product */
     float step, mean_sq;
     float *mean;
+    uint64_t fitted; /* rows the fit sampled from */
     uint64_t cap;
     uint32_t stride; /* bytes a row: the code, then its two terms */
     /* Per row: q + 128 (width bytes), then sum(q) as int32, then |q|^2
@@ -42,12 +43,18 @@ struct kd_bcode {
 /* Bytes a row's build code takes in RAM while the index can grow; 0 past
  * KD_BCODE_MAX_DIM (insertion then scores with float32 distances). */
 uint64_t kd_bcode_row_bytes(uint32_t dim);
+/* Rows a fit samples at most. */
+#define KD_BCODE_FIT_SAMPLE 8192
 /* Fit mean and step to rows x[0..n) (scaled by mul[i] where mul is not
- * NULL: cosine codes unit vectors); a sample of at most a few thousand rows
- * is read. No codes are kept yet. */
+ * NULL: cosine codes unit vectors); a sample of at most
+ * KD_BCODE_FIT_SAMPLE rows is read. No codes are kept yet. */
 int kd_bcode_fit(struct kd_bcode *b, uint32_t dim, int l2, const float *x, const float *mul,
                  size_t n);
 void kd_bcode_free(struct kd_bcode *b);
+/* Whether codes for `rows` rows want a new fit: none yet, or one on fewer
+ * than KD_BCODE_FIT_SAMPLE rows that the rows have since doubled (a small
+ * first add must not set the step for all that follows). */
+int kd_bcode_refit_due(const struct kd_bcode *b, uint64_t rows);
 /* Room for cap rows. */
 int kd_bcode_reserve(struct kd_bcode *b, uint64_t cap);
 /* Code row `row` from x scaled by mul (values past the range clamp). */

@@ -177,6 +177,12 @@ int kd_index_train(struct kd_index *ix, const float *x, size_t n)
         err = kd_quant_train(&ix->quant, sample, m, ix->p.seed, kd_cpu_count());
         ix->trained = !err;
     }
+    /* The build codes' step from the same sample, which spans the whole
+     * input where an add is fed in chunks. */
+    if (!err && ix->count == 0 && !ix->src->read_only && ix->p.dim <= KD_BCODE_MAX_DIM) {
+        kd_bcode_free(&ix->bcode);
+        err = kd_bcode_fit(&ix->bcode, d, ix->p.metric == KD_L2, sample, NULL, m);
+    }
     pthread_rwlock_unlock(&ix->lock);
     free(sample);
     return err;
@@ -328,20 +334,24 @@ static void *bcode_worker(void *arg)
     return NULL;
 }
 
-/* Build codes for rows [first, last): fitted to every row on the first add
- * (a loaded index's too), then kept for the next. 1 when there are none
- * (too many dimensions: insertion uses float32 distances). */
+/* Build codes for rows [first, last), kept for the next add. Fitted by
+ * train (a sample of the whole input), else to the rows at hand (a loaded
+ * index's first add), and again while the rows double past a small fit.
+ * 1 when there are none (too many dimensions: insertion uses float32
+ * distances). */
 static int build_codes(struct kd_index *ix, uint64_t first, uint64_t last, unsigned threads)
 {
     if (ix->p.dim > KD_BCODE_MAX_DIM)
         return 1;
     int err;
-    if (!ix->bcode.rows) {
+    if (kd_bcode_refit_due(&ix->bcode, last)) {
+        kd_bcode_free(&ix->bcode);
         if ((err = kd_bcode_fit(&ix->bcode, ix->p.dim, ix->p.metric == KD_L2, ix->vectors,
                                 ix->inv_norms, last)))
             return err;
-        first = 0;
     }
+    if (!ix->bcode.rows) /* a new fit: every row is coded again */
+        first = 0;
     if ((err = kd_bcode_reserve(&ix->bcode, ix->cap))) {
         if (!ix->bcode.rows) /* refitted next time */
             kd_bcode_free(&ix->bcode);
