@@ -69,7 +69,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_data  # noqa: E402
 import report  # noqa: E402
-from run import loadavg, machine_meta, run_worker  # noqa: E402
+from run import loadavg, machine_meta, run_worker, write_result  # noqa: E402
 from systems import SYSTEMS  # noqa: E402
 
 MID_POINTS = {"knndirect": {"ef": 64, "oversample": 5}, "hnswlib": {"ef": 64}}
@@ -565,12 +565,7 @@ def markdown(res):
 
 
 def write(res, out_dir):
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / "build.json.tmp"
-    tmp.write_text(json.dumps(res, indent=1, default=str))
-    os.replace(tmp, out_dir / "build.json")
-    (out_dir / "build.md").write_text(markdown(res))
-    return out_dir / "build.md"
+    return write_result(res, out_dir, "build", markdown)
 
 
 def main(argv=None):

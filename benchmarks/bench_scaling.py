@@ -57,7 +57,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import bench_data  # noqa: E402
-from run import loadavg, machine_meta  # noqa: E402
+from run import loadavg, machine_meta, write_result  # noqa: E402
 from worker import timed_passes  # noqa: E402
 from systems import EF_SWEEP, SYSTEMS  # noqa: E402
 
@@ -330,13 +330,7 @@ def markdown(res):
 
 
 def write(res, out_dir):
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / "scaling.json.tmp"
-    tmp.write_text(json.dumps(res, indent=1, default=str))
-    os.replace(tmp, out_dir / "scaling.json")
-    (out_dir / "scaling.md").write_text(markdown(res))
-    return out_dir / "scaling.md"
+    return write_result(res, out_dir, "scaling", markdown)
 
 
 def main(argv=None):

@@ -109,6 +109,18 @@ def parse_args(argv=None):
     return args
 
 
+def write_result(res, out_dir, stem, markdown):
+    """res as <stem>.json (atomically) and markdown(res) as <stem>.md in
+    out_dir; returns the .md path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f"{stem}.json.tmp"
+    tmp.write_text(json.dumps(res, indent=1, default=str))
+    os.replace(tmp, out_dir / f"{stem}.json")
+    (out_dir / f"{stem}.md").write_text(markdown(res))
+    return out_dir / f"{stem}.md"
+
+
 def loadavg():
     """The 1, 5 and 15 minute load averages, rounded."""
     return [round(v, 2) for v in os.getloadavg()]

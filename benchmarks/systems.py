@@ -26,6 +26,14 @@ KD_OVERSAMPLE = [1, 2, 3, 5, 10]
 KD_OVERSAMPLE_QUICK = [2, 5, 10]
 
 
+def _move_into(built, folder):
+    """Move what a build wrote into its own folder into the index folder."""
+    import shutil
+    for p in Path(built).iterdir():
+        shutil.move(str(p), os.path.join(folder, p.name))
+    os.rmdir(built)
+
+
 def _files_size(folder):
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
@@ -427,10 +435,7 @@ class DiskANN(System):
         return folder
 
     def save(self, index, folder):
-        import shutil
-        for p in Path(index).iterdir():
-            shutil.move(str(p), os.path.join(folder, p.name))
-        os.rmdir(index)
+        _move_into(index, folder)
 
     def load(self, folder):
         return self.lib.StaticMemoryIndex(index_directory=folder, num_threads=os.cpu_count(),
@@ -640,10 +645,7 @@ class LanceDB(System):
         return folder
 
     def save(self, index, folder):
-        import shutil
-        for p in Path(index).iterdir():
-            shutil.move(str(p), os.path.join(folder, p.name))
-        os.rmdir(index)
+        _move_into(index, folder)
 
     def load(self, folder):
         return self.lib.connect(folder).open_table(self.table_name)
