@@ -106,7 +106,6 @@ int kd_bcode_use_tier(struct kd_bcode *b, int tier)
     default:
         return 0;
     }
-    b->tier = tier;
     return 1;
 }
 

@@ -37,7 +37,6 @@ struct kd_bcode {
      * (l2, int32) or step <mean, q> (float): one row's misses bring all. */
     uint8_t *rows;
     kd_bcode_dot4_fn dot4;
-    int tier;
 };
 
 /* Bytes a row's build code takes in RAM while the index can grow; 0 past
