@@ -119,7 +119,8 @@ static int widest_tier(struct kd_bcode *b)
 
 uint64_t kd_bcode_row_bytes(uint32_t dim)
 {
-    return dim > KD_BCODE_MAX_DIM ? 0 : kd_round_up(dim, 16) + 2 * sizeof(int32_t); /* stride */
+    /* The code, then sum(q) and |q|^2 or the bias. */
+    return dim > KD_BCODE_MAX_DIM ? 0 : kd_round_up(dim, 16) + 2 * sizeof(int32_t);
 }
 
 static inline float value_at(const float *x, const float *mul, size_t i, uint32_t dim, uint32_t j)
@@ -136,7 +137,7 @@ int kd_bcode_fit(struct kd_bcode *b, uint32_t dim, int l2, const float *x, const
                        KD_BCODE_MAX_DIM);
     b->dim = dim;
     b->width = (uint32_t)kd_round_up(dim, 16);
-    b->stride = b->width + 2 * sizeof(int32_t);
+    b->stride = (uint32_t)kd_bcode_row_bytes(dim);
     b->l2 = l2;
     widest_tier(b);
     b->fitted = n;
