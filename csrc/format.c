@@ -81,9 +81,9 @@ uint32_t kd_crc32c(uint32_t crc, const void *buf, size_t n)
 
 static const char *section_name(uint32_t id)
 {
-    static const char *names[] = {"?",      "metadata",     "ids",           "tombstones",
-                                  "codes",  "graph levels", "graph level 0", "graph upper levels",
-                                  "vectors"};
+    static const char *names[] = {"?",       "metadata",     "ids",           "tombstones",
+                                  "codes",   "graph levels", "graph level 0", "graph upper levels",
+                                  "vectors", "calibration"};
     return id < sizeof names / sizeof *names ? names[id] : "unknown";
 }
 

@@ -35,7 +35,7 @@
 
 #include "storage.h"
 
-#define KD_FORMAT_VERSION 1
+#define KD_FORMAT_VERSION 2
 #define KD_FORMAT_MIN_VERSION 1
 #define KD_BLOCK 4096u
 #define KD_MAX_SECTIONS 16
@@ -52,6 +52,7 @@ enum kd_section_id {
     KD_SEC_LEVEL0 = 6,
     KD_SEC_UPPER = 7,
     KD_SEC_VECTORS = 8,
+    KD_SEC_CALIBRATION = 9, /* format 2: opaque to the core, kept for the Python layer */
 };
 
 struct kd_section {

@@ -187,6 +187,8 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
 {
     struct kd_visited *v = &s->visited;
     visited_next(v);
+    if (accept && accept->hidden != KD_NONE)
+        v->tags[accept->hidden] = v->now; /* never scored, never expanded */
     size_t ncand = 0, nres = 0, npool = 0;
     if (keep <= ef)
         keep = 0;
@@ -227,6 +229,7 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
         if (prefetch)
             prefetch(dctx, s->rows, m);
         dist(dctx, s->rows, m, s->dists);
+        s->scored += m;
         for (uint32_t i = 0; i < m; i++) {
             struct kd_heap_item it = {s->dists[i], s->rows[i]};
             int ok = -1;
@@ -263,7 +266,7 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
 
 /* Greedy walk down to `stop`+1, starting from the entry; result in s->res[0]. */
 static void descend(const struct kd_graph *g, struct kd_search_scratch *s, uint32_t ep, int top,
-                    int stop, kd_batch_dist_fn dist, void *dctx, int locked)
+                    int stop, kd_batch_dist_fn dist, void *dctx, int locked, uint32_t hidden)
 {
     float d;
     dist(dctx, &ep, 1, &d);
@@ -274,8 +277,9 @@ static void descend(const struct kd_graph *g, struct kd_search_scratch *s, uint3
             if (!n)
                 break;
             dist(dctx, s->rows, n, s->dists);
+            s->scored += n;
             for (uint32_t i = 0; i < n; i++)
-                if (s->dists[i] < d) {
+                if (s->dists[i] < d && s->rows[i] != hidden) {
                     d = s->dists[i];
                     ep = s->rows[i];
                     changed = 1;
@@ -299,7 +303,7 @@ size_t kd_graph_search(const struct kd_graph *g, struct kd_search_scratch *s, si
         s->pool = p;
         s->pool_cap = keep;
     }
-    descend(g, s, g->entry, g->max_level, 0, dist, dctx, 0);
+    descend(g, s, g->entry, g->max_level, 0, dist, dctx, 0, accept ? accept->hidden : KD_NONE);
     return search_layer(g, s, 0, ef, 1, dist, dctx, accept, 0, keep, prefetch, early);
 }
 
@@ -539,7 +543,7 @@ static int insert_one(struct kd_graph *g, const struct kd_build_oracle *o, uint3
         pthread_mutex_unlock(&g->entry_lock);
 
     struct from_node f = {o, node};
-    descend(g, s, ep, top, level, dist_from_node, &f, 1);
+    descend(g, s, ep, top, level, dist_from_node, &f, 1, KD_NONE);
     size_t nentry = 1;
     uint32_t *chosen = rows + g->m0 + 2;
     for (int lc = level < top ? level : top; lc >= 0; lc--) {
@@ -577,7 +581,7 @@ static int reconnect_one(struct kd_graph *g, const struct kd_build_oracle *o, ui
     if (ep == KD_NONE)
         return 0;
     struct from_node f = {o, node};
-    descend(g, s, ep, top, 0, dist_from_node, &f, 1);
+    descend(g, s, ep, top, 0, dist_from_node, &f, 1, KD_NONE);
     size_t nres = search_layer(g, s, 0, ef, 1, dist_from_node, &f, NULL, 1, 0, NULL, NULL);
     if (!nres)
         return kd_fail(-ENOMEM, "out of memory while repairing the graph");

@@ -57,17 +57,22 @@ struct kd_search_scratch {
     const struct kd_heap_item *out; /* results of the last search */
     uint32_t *rows;
     float *dists;
-    uint32_t *list; /* copy of one neighbour list */
+    uint32_t *list;  /* copy of one neighbour list */
+    uint64_t scored; /* distances computed by searches with this scratch */
 };
 
 int kd_scratch_reserve(struct kd_search_scratch *s, uint64_t nodes, size_t ef, uint32_t m0);
 void kd_scratch_free(struct kd_search_scratch *s);
 
 /* Which nodes may be results: not tombstoned, and allowed by a filter.
- * Either array may be NULL (no constraint); other nodes are still walked. */
+ * Either array may be NULL (no constraint); other nodes are still walked.
+ * The hidden node is neither walked nor returned, as if it had never been
+ * added: a query made of a node's own vector then meets the graph as an
+ * unseen query would (calibration, calibrate.c). It must not be the entry. */
 struct kd_accept {
     const uint8_t *deleted; /* NULL: nothing removed */
     const uint8_t *allowed; /* NULL: no filter */
+    uint32_t hidden;        /* KD_NONE: none */
 };
 
 /* An optional call in the middle of the level-0 beam: after `after`

@@ -138,6 +138,7 @@ void kd_index_free(struct kd_index *ix)
     kd_idmap_free(&ix->idmap);
     kd_quant_free(&ix->quant);
     kd_bcode_free(&ix->bcode);
+    free(ix->calib);
     kd_vecio_close(ix->vio);
     free(ix->path);
     pthread_rwlock_destroy(&ix->lock);
@@ -566,6 +567,33 @@ out:
     free(rows);
     pthread_rwlock_unlock(&ix->lock);
     return err;
+}
+
+int kd_index_set_calibration(struct kd_index *ix, const void *p, size_t n)
+{
+    if (n > KD_MAX_CALIBRATION)
+        return kd_fail(-EINVAL, "a calibration holds at most %u bytes", KD_MAX_CALIBRATION);
+    uint8_t *copy = n ? malloc(n) : NULL;
+    if (n && !copy)
+        return kd_fail(-ENOMEM, "out of memory");
+    if (n)
+        memcpy(copy, p, n);
+    pthread_rwlock_wrlock(&ix->lock);
+    free(ix->calib);
+    ix->calib = copy;
+    ix->calib_bytes = (uint32_t)n;
+    pthread_rwlock_unlock(&ix->lock);
+    return 0;
+}
+
+size_t kd_index_calibration(struct kd_index *ix, void *dst, size_t n)
+{
+    pthread_rwlock_rdlock(&ix->lock);
+    size_t have = ix->calib_bytes;
+    if (dst && n && have)
+        memcpy(dst, ix->calib, n < have ? n : have);
+    pthread_rwlock_unlock(&ix->lock);
+    return have;
 }
 
 void kd_index_vector_layout(const struct kd_index *ix, size_t *alignment, size_t *stride)

@@ -121,4 +121,12 @@ uint32_t kd_index_dim(const struct kd_index *ix);
 
 double kd_default_oversample(int quantization, uint32_t dim);
 
+/* The recall calibration: bytes the core stores with the index and saves in
+ * its file, without reading them (the Python layer encodes them). */
+#define KD_MAX_CALIBRATION (1u << 20)
+/* Replace it with n bytes (n = 0: none); -EINVAL past KD_MAX_CALIBRATION. */
+int kd_index_set_calibration(struct kd_index *ix, const void *p, size_t n);
+/* Copy min(n, its size) bytes to dst; returns its size (0: none). */
+size_t kd_index_calibration(struct kd_index *ix, void *dst, size_t n);
+
 #endif

@@ -67,6 +67,8 @@ struct kd_index {
     struct kd_graph graph;
     struct kd_idmap idmap;
     struct kd_bcode bcode; /* what insertion scores with; made at the first add */
+    uint8_t *calib;        /* the recall calibration, opaque here (calibrate.h); NULL: none */
+    uint32_t calib_bytes;
 
     int loaded_from_file;
     char *path;
@@ -86,6 +88,21 @@ static inline float kd_inv_norm(const struct kd_index *ix, const float *v)
 {
     float n = ix->kern->dot(v, v, ix->p.dim);
     return n > 0 ? 1.0f / sqrtf(n) : 0.0f;
+}
+
+/* The internal distance of a stored vector to a query as searched (normalized
+ * for cosine): smaller is better. inv_norm: 1/|v|, cosine only. */
+static inline float kd_exact_dist(const struct kd_index *ix, const float *qn, const float *v,
+                                  float inv_norm)
+{
+    switch (ix->p.metric) {
+    case KD_L2:
+        return ix->kern->l2sq(qn, v, ix->p.dim);
+    case KD_IP:
+        return -ix->kern->dot(qn, v, ix->p.dim);
+    default:
+        return -ix->kern->dot(qn, v, ix->p.dim) * inv_norm;
+    }
 }
 
 static inline unsigned kd_resolve_threads(unsigned t) { return t ? t : kd_cpu_count(); }

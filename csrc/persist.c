@@ -102,7 +102,7 @@ int kd_index_save(struct kd_index *ix, struct kd_writer *w)
         ix->live,
         ix->p.seed,
         ix->quant.ncentres,
-        0,
+        ix->calib_bytes,
     };
     uint64_t n = ix->count;
     int err = kd_cw_begin(&cw, w);
@@ -146,6 +146,8 @@ int kd_index_save(struct kd_index *ix, struct kd_writer *w)
         err = ix->src->save(ix, &cw);
     if (!err)
         err = kd_cw_section_end(&cw);
+    if (!err && ix->calib_bytes)
+        err = write_section(&cw, KD_SEC_CALIBRATION, ix->calib, ix->calib_bytes);
     if (!err)
         err = kd_cw_finish(&cw);
     else
@@ -203,7 +205,7 @@ static int check_meta(const struct kd_meta *m)
         m->record_stride > m->record_bytes + (1u << 24) || m->count >= UINT32_MAX ||
         m->live > m->count || m->max_level < -1 || m->max_level > KD_MAX_LEVEL ||
         (m->count && m->entry >= m->count) || (!m->count && m->max_level != -1) ||
-        m->ncentres < 1 || m->ncentres > KD_MAX_CENTRES)
+        m->ncentres < 1 || m->ncentres > KD_MAX_CENTRES || m->calib_bytes > KD_MAX_CALIBRATION)
         return kd_fail(-KD_ECORRUPT, "index metadata is inconsistent");
     return 0;
 }
@@ -293,23 +295,37 @@ static int index_from_meta(struct kd_index **out, const struct kd_meta *m, const
     return 0;
 }
 
+/* Sections a file holds: eight, and the calibration when it has one. */
+static int sections_in(const struct kd_meta *m) { return m->calib_bytes ? 9 : 8; }
+
 /* Stream offset where the first `nsec` sections end (as written by
- * kd_index_save), table and tail included when all eight are counted. */
+ * kd_index_save), table and tail included when all are counted. */
 static uint64_t stream_end(const struct kd_meta *m, uint64_t upper_bytes, int nsec)
 {
     uint64_t n = m->count;
-    uint64_t len[8] = {sizeof *m + meta_extra_bytes(m),
+    uint64_t len[9] = {sizeof *m + meta_extra_bytes(m),
                        n * 8,
                        n,
                        n * m->code_size,
                        n,
                        n * (1 + (uint64_t)m->m0) * 4,
                        upper_bytes,
-                       n * m->record_stride};
+                       n * m->record_stride,
+                       m->calib_bytes};
     uint64_t pos = KD_BLOCK;
     for (int i = 0; i < nsec; i++)
         pos = kd_round_up(pos + len[i], KD_BLOCK);
-    return nsec == 8 ? pos + 8 * sizeof(struct kd_section) + KD_TAIL_BYTES : pos;
+    int all = sections_in(m);
+    return nsec == all ? pos + (uint64_t)all * sizeof(struct kd_section) + KD_TAIL_BYTES : pos;
+}
+
+/* Room for a calibration of n bytes, read next. */
+static int take_calibration(struct kd_index *ix, uint32_t n)
+{
+    if (!(ix->calib = malloc(n)))
+        return kd_fail(-ENOMEM, "out of memory");
+    ix->calib_bytes = n;
+    return 0;
 }
 
 static int read_section(struct kd_container_reader *cr, uint32_t id, void *dst, size_t n)
@@ -368,7 +384,7 @@ int kd_index_load(struct kd_index **out, struct kd_reader *r)
         (err = read_section(&cr, KD_SEC_CODES, ix->codes, n * m.code_size)) ||
         (err = read_section(&cr, KD_SEC_LEVELS, g->levels, n)) ||
         (err = check_levels(g->levels, n, m.max_level, &upper)) ||
-        (kd_cr_expect(&cr, stream_end(&m, upper * (1 + m.m) * 4, 8)), 0) ||
+        (kd_cr_expect(&cr, stream_end(&m, upper * (1 + m.m) * 4, sections_in(&m))), 0) ||
         (err = read_section(&cr, KD_SEC_LEVEL0, g->level0, n * (1 + m.m0) * 4)) ||
         (err = check_lists(g->level0, n, m.m0, n)) ||
         (err = kd_cr_section_begin(&cr, KD_SEC_UPPER)))
@@ -396,7 +412,12 @@ int kd_index_load(struct kd_index **out, struct kd_reader *r)
                 err = kd_cr_read(&cr, NULL, m.record_stride - m.record_bytes);
         }
     }
-    if (err || (err = kd_cr_section_end(&cr)) || (err = kd_cr_finish(&cr)))
+    if (err || (err = kd_cr_section_end(&cr)))
+        goto fail;
+    if (m.calib_bytes && ((err = take_calibration(ix, m.calib_bytes)) ||
+                          (err = read_section(&cr, KD_SEC_CALIBRATION, ix->calib, m.calib_bytes))))
+        goto fail;
+    if ((err = kd_cr_finish(&cr)))
         goto fail;
     uint64_t live = 0;
     if ((err = map_ids(ix, ix->ids, 0, n, &live)))
@@ -564,8 +585,24 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
         err = kd_fail(-KD_ECORRUPT, "%s: index sections do not match the vector count", path);
         goto fail;
     }
+    const struct kd_section *calib = kd_container_find(&c, KD_SEC_CALIBRATION);
+    if (!calib != !m.calib_bytes || (calib && calib->length != m.calib_bytes)) {
+        err = kd_fail(-KD_ECORRUPT, "%s: index calibration section does not match its metadata",
+                      path);
+        goto fail;
+    }
     if ((err = index_from_meta(&ix, &m, map + meta->offset + sizeof m)))
         goto fail;
+    if (calib && (err = take_calibration(ix, m.calib_bytes)))
+        goto fail;
+    if (calib && kd_crc32c(0, map + calib->offset, calib->length) != calib->crc) {
+        err = kd_fail(-KD_ECORRUPT,
+                      "%s: index section %u (calibration) is corrupted (checksum mismatch)", path,
+                      KD_SEC_CALIBRATION);
+        goto fail;
+    }
+    if (calib)
+        memcpy(ix->calib, map + calib->offset, m.calib_bytes);
     ix->map = map;
     ix->map_len = (size_t)st.st_size;
     map = MAP_FAILED;

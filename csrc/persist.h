@@ -16,7 +16,8 @@ struct kd_meta {
     uint32_t record_stride, record_bytes, entry;
     int32_t max_level;
     uint64_t count, live, seed;
-    uint32_t ncentres, reserved;
+    uint32_t ncentres;
+    uint32_t calib_bytes; /* the calibration section's length (format 2; 0: none) */
 };
 
 _Static_assert(sizeof(struct kd_meta) == 80, "kd_meta is stored in files");

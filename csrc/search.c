@@ -11,21 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- distances */
-
-static inline float exact_dist(const struct kd_index *ix, const float *qn, const float *v,
-                               float inv_norm)
-{
-    switch (ix->p.metric) {
-    case KD_L2:
-        return ix->kern->l2sq(qn, v, ix->p.dim);
-    case KD_IP:
-        return -ix->kern->dot(qn, v, ix->p.dim);
-    default:
-        return -ix->kern->dot(qn, v, ix->p.dim) * inv_norm;
-    }
-}
-
 /* ---- contexts */
 
 void kd_search_ctx_free(struct kd_search_ctx *c)
@@ -150,7 +135,7 @@ static void score_in_memory(struct kd_index *ix, struct kd_search_ctx *c, size_t
         }
         const float *v = ix->vectors + (size_t)rows[i] * ix->p.dim;
         float inv = ix->inv_norms ? ix->inv_norms[rows[i]] : 0;
-        kd_topk_offer(c->top, &c->ntop, k, exact_dist(ix, c->q, v, inv), rows[i]);
+        kd_topk_offer(c->top, &c->ntop, k, kd_exact_dist(ix, c->q, v, inv), rows[i]);
     }
 }
 
@@ -170,14 +155,23 @@ int kd_shortlist_score_memory(struct kd_index *ix, struct kd_search_ctx *c,
     return 0;
 }
 
+static int by_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
 /* Score the shortlist records that the batch read left in c->buf. */
 static void score_read(struct kd_index *ix, struct kd_search_ctx *c, size_t k)
 {
     int normalized = ix->metric->normalized;
     for (size_t i = 0; i < c->nshort; i++) {
+        if (i < c->nearly &&
+            !bsearch(&c->rows[i], c->early_sorted, c->nkept, sizeof *c->early_sorted, by_u32))
+            continue; /* read early, dropped by the final shortlist */
         const float *v = (const float *)(c->buf + i * ix->record_stride);
         float inv = normalized ? kd_inv_norm(ix, v) : 0;
-        kd_topk_offer(c->top, &c->ntop, k, exact_dist(ix, c->q, v, inv), c->rows[i]);
+        kd_topk_offer(c->top, &c->ntop, k, kd_exact_dist(ix, c->q, v, inv), c->rows[i]);
     }
 }
 
@@ -273,8 +267,9 @@ static struct kd_exact_data exact_data(const struct kd_index *ix)
 /* Early reads. Partway through the beam, the best part of the shortlist it
  * holds rarely changes any more: those records are read while the beam goes
  * on, and after it only the rest of the final shortlist. A record read early
- * that drops out of the shortlist is re-scored all the same (its exact
- * distance is as good as any) and counted as early_unused.
+ * that drops out of the shortlist is counted as early_unused and not scored:
+ * the answer is the final shortlist's alone, whatever the early reads were
+ * (they depend on the searches in flight beside this one).
  *
  * A search alone reads in three waves: the best quarter of the shortlist
  * at a quarter of the expansions a search usually makes, the best half (less
@@ -337,12 +332,6 @@ static void select_closest(struct kd_heap_item *a, size_t n, size_t m)
     }
 }
 
-static int by_u32(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
-}
-
 static int read_early(const struct kd_search_ctx *c, uint32_t row)
 {
     return c->nearly && bsearch(&row, c->early_sorted, c->nearly, sizeof row, by_u32);
@@ -386,12 +375,20 @@ int kd_shortlist_read(struct kd_index *ix, struct kd_search_ctx *c, const struct
     size_t total = c->nearly, used = 0;
     for (size_t i = 0; i < n; i++) {
         if (read_early(c, res[i].row)) {
-            used++;
+            c->pick[used++].row = res[i].row;
             continue;
         }
         c->rows[total] = res[i].row;
         c->rows64[total++] = res[i].row;
     }
+    /* From here on early_sorted holds the early rows the shortlist kept:
+     * only they are scored, so that the answer is the final shortlist's
+     * whatever the early reads were (they vary with concurrent searches). */
+    for (size_t i = 0; i < used; i++)
+        c->early_sorted[i] = c->pick[i].row;
+    if (used)
+        qsort(c->early_sorted, used, sizeof *c->early_sorted, by_u32);
+    c->nkept = used;
     c->st.early_reads += c->nearly;
     c->st.early_unused += c->nearly - used;
     c->nshort = total;
@@ -409,7 +406,7 @@ int kd_shortlist_read(struct kd_index *ix, struct kd_search_ctx *c, const struct
  * or (c->finished) the exact answer of a query whose filter starved the beam. */
 static int query_graph(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
                        const struct kd_search_params *sp, const struct kd_filter *f,
-                       int may_read_early, unsigned searching, size_t *nres)
+                       uint32_t hidden, int may_read_early, unsigned searching, size_t *nres)
 {
     size_t k = sp->k;
     *nres = 0;
@@ -443,7 +440,7 @@ static int query_graph(struct kd_index *ix, struct kd_search_ctx *c, const float
     struct estimate_ctx e = {ix, &c->qc};
     /* Searches hold the read lock, so live and count are stable here; with
      * nothing removed the tombstones need not be read per scored node. */
-    struct kd_accept a = {ix->live < ix->count ? ix->deleted : NULL, f->allowed};
+    struct kd_accept a = {ix->live < ix->count ? ix->deleted : NULL, f->allowed, hidden};
     size_t n = kd_graph_search(&ix->graph, &c->s, ef, L, estimate_rows, prefetch_codes, &e, &a,
                                &early);
     float ratio = (float)early.expansions / (float)ef;
@@ -473,7 +470,17 @@ int kd_query_graph(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
                    const struct kd_search_params *sp, const struct kd_filter *f,
                    const struct kd_heap_item **res, size_t *nres)
 {
-    int err = query_graph(ix, c, q, sp, f, 0, 0, nres);
+    int err = query_graph(ix, c, q, sp, f, KD_NONE, 0, 0, nres);
+    *res = c->s.out;
+    return err;
+}
+
+int kd_query_graph_hiding(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
+                          const struct kd_search_params *sp, uint32_t hidden,
+                          const struct kd_heap_item **res, size_t *nres)
+{
+    struct kd_filter none = {NULL, NULL, 0};
+    int err = query_graph(ix, c, q, sp, &none, hidden, 0, 0, nres);
     *res = c->s.out;
     return err;
 }
@@ -488,7 +495,7 @@ int kd_query_begin(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
     unsigned searching = ix->read_early ? __atomic_add_fetch(&ix->searching, 1, __ATOMIC_RELAXED)
                                         : 0;
     size_t nres;
-    int err = query_graph(ix, c, q, sp, f, ix->read_early, searching, &nres);
+    int err = query_graph(ix, c, q, sp, f, KD_NONE, ix->read_early, searching, &nres);
     if (err || c->finished)
         return err;
     const struct kd_heap_item *res = c->s.out;

@@ -49,12 +49,13 @@ struct kd_search_ctx {
     uint64_t t_graph; /* when the graph search ended */
     /* Early reads: the likeliest part of the shortlist, read in waves while
      * the beam is still running. They are rows[0..nearly) and the first
-     * slots of buf; early_sorted holds the same rows in order, for lookups. */
+     * slots of buf; early_sorted holds the same rows in order, for lookups,
+     * until the final shortlist keeps nkept of them (only those are scored). */
     struct kd_vecio_pending *early[KD_EARLY_WAVES];
     size_t nearly;
     struct kd_heap_item *pick; /* scratch for choosing them */
-    uint32_t *early_sorted;
-    size_t pick_cap;
+    uint32_t *early_sorted;    /* after the shortlist: those of them it kept (nkept) */
+    size_t pick_cap, nkept;
     float expand_ratio; /* level-0 expansions per ef, running mean; 0 unknown */
 };
 
@@ -90,6 +91,11 @@ int kd_query_begin(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
 int kd_query_graph(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
                    const struct kd_search_params *sp, const struct kd_filter *f,
                    const struct kd_heap_item **res, size_t *nres);
+/* kd_query_graph without a filter, the row `hidden` searched as if absent
+ * (struct kd_accept); the candidates are at most the shortlist size. */
+int kd_query_graph_hiding(struct kd_index *ix, struct kd_search_ctx *c, const float *q,
+                          const struct kd_search_params *sp, uint32_t hidden,
+                          const struct kd_heap_item **res, size_t *nres);
 /* After kd_query_graph: score res[0..n) (memory) or start their reads (disk);
  * n may be 0. Follow it with kd_query_reap on the same c, even on error. */
 int kd_query_shortlist(struct kd_index *ix, struct kd_search_ctx *c, const struct kd_heap_item *res,

@@ -452,7 +452,8 @@ def test_tail_pointing_elsewhere(small, tmp_path):
     struct.pack_into("<Q", b, len(b) - TAIL, table(blob)[1] - BLOCK)
     all_corrupt(bytes(b), tmp_path / "tail.kdx", ("footer",), "table offset:")
     b = bytearray(blob)
-    struct.pack_into("<I", b, len(b) - 16, 2)   # tail version differs from the header's
+    header_version = struct.unpack_from("<I", blob, 8)[0]
+    struct.pack_into("<I", b, len(b) - 16, header_version + 1)  # unlike the header's
     all_corrupt(bytes(b), tmp_path / "tail.kdx", ("footer",), "tail version:")
 
 

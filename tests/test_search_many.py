@@ -309,7 +309,9 @@ def test_one_segment_is_one_index(on_disk, tmp_path):
         for ix in segs.indexes:
             for kw in ({}, {"oversample": 2.0}, {"rerank": False}, {"exact": True},
                        {"filter": np.ascontiguousarray(segs.ids[::4])}, {"filter": segs.ids[:40]}):
-                want = ix.search(q, 10, **kw)
+                # The core's own search: both take the core's fixed defaults
+                # (Index.search would read them from its calibration).
+                want = ix._core.search(q, 10, **kw)
                 assert_same_results(_core.search_many([ix._core], q, 10, **kw), want, rtol=0)
     finally:
         segs.close()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import knndirect as kd
-from conftest import open_quiet
+from conftest import recall_at_k, open_quiet
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 GOLDEN = sorted(glob.glob(os.path.join(DATA, "golden_v*_*.kdx")))
@@ -85,15 +85,23 @@ def test_golden_answers(path, how):
         D, I = index.search(q, K, ef=live, oversample=live / K)
         np.testing.assert_array_equal(I, e["full_I"])
         np.testing.assert_allclose(D, e["full_D"], rtol=1e-5, atol=1e-5)
+        # The calibration comes back as it was written (format 2 on).
+        stored = e["calibration"].tobytes() if "calibration" in e else b""
+        assert index._core.calibration() == stored
+        assert (info["calibration"] is None) == (stored == b"")
         # Default search, through the stored graph and codes: at these sizes
-        # (300 and 500 vectors, the shortlist 5 to 20 times k, the top-k
-        # distances of each query well separated: make_golden.py) the
-        # reranked shortlist holds the whole exact top-k, so the answer is
-        # the exact one, order included. A damaged graph or code section
-        # would lose neighbours.
+        # (300 and 500 vectors, no calibration, so ef 64 and a shortlist 5 to
+        # 20 times k; the top-k distances of each query well separated:
+        # make_golden.py) the reranked shortlist holds the whole exact top-k,
+        # so the answer is the exact one, order included. A damaged graph or
+        # code section would lose neighbours. A calibrated index's default
+        # aims at 0.95 instead.
         D, I = index.search(q, K)
-        np.testing.assert_array_equal(I, e["exact_I"])
-        np.testing.assert_allclose(D, e["exact_D"], rtol=1e-5, atol=1e-5)
+        if not stored:
+            np.testing.assert_array_equal(I, e["exact_I"])
+            np.testing.assert_allclose(D, e["exact_D"], rtol=1e-5, atol=1e-5)
+        else:
+            assert recall_at_k(I, e["exact_I"]) >= 0.9
         removed = set(e["removed"].tolist())
         assert not removed & set(I.ravel().tolist())
         # Stored vectors come back bit for bit (cosine included).

@@ -15,7 +15,8 @@ from knndirect._container import read_layout
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SECTION = {"metadata": "meta", "ids": "ids", "tombstones": "deleted", "codes": "codes",
-           "levels": "levels", "level0": "level0", "upper": "upper", "vectors": "vectors"}
+           "levels": "levels", "level0": "level0", "upper": "upper", "vectors": "vectors",
+           "calibration": "calibration"}
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p

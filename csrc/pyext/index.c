@@ -1,5 +1,6 @@
 /* The knndirect._core.Index type. */
 #include "pyext.h"
+#include "calibrate.h"
 #include "common.h"
 #include "format.h"
 #include "metric.h"
@@ -606,6 +607,122 @@ static PyObject *Index_same_quantizer(KdIndexObject *self, PyObject *arg)
     return PyBool_FromLong(same);
 }
 
+/* recall_sweep(queries, hidden, truth, k, ef, lens, threads=0) ->
+ * (recall per length, its spread over queries, code distances computed per
+ * query, queries measured).
+ * hidden and truth are int64 (hidden may be None; truth is nq * k ids,
+ * flat), lens int64 ascending. */
+static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
+{
+    PyObject *qo, *ho, *to, *lo;
+    Py_ssize_t k, ef;
+    unsigned int threads = 0;
+    if (!PyArg_ParseTuple(args, "OOOnnO|I", &qo, &ho, &to, &k, &ef, &lo, &threads))
+        return NULL;
+    if (k < 1 || ef < 1) {
+        PyErr_SetString(PyExc_ValueError, "k and ef must be at least 1");
+        return NULL;
+    }
+    struct kd_index *ix = kd_py_enter(self);
+    if (!ix)
+        return NULL;
+    Py_buffer qv = {0}, hv = {0}, tv = {0}, lv = {0};
+    const int64_t *hidden = NULL, *truth = NULL, *lens64 = NULL;
+    size_t nq = 0, nh = 0, nt = 0, nl = 0;
+    uint32_t *lens = NULL;
+    PyObject *recall = NULL, *spread = NULL, *out = NULL;
+    int err = 0, taken = 0;
+    if (kd_take_matrix(qo, &qv, kd_index_dim(ix), &nq))
+        goto done;
+    taken = 1;
+    if (kd_take_ids(ho, &hv, &hidden, &nh) || kd_take_ids(to, &tv, &truth, &nt) ||
+        kd_take_ids(lo, &lv, &lens64, &nl))
+        goto done;
+    if ((hidden && nh != nq) || nt != nq * (size_t)k || nl == 0) {
+        PyErr_SetString(PyExc_ValueError, "recall_sweep: hidden, truth or lens of the wrong size");
+        goto done;
+    }
+    npy_intp dims = (npy_intp)nl;
+    if (!(lens = PyMem_Malloc(nl * sizeof *lens)) ||
+        !(recall = PyArray_SimpleNew(1, &dims, NPY_FLOAT64)) ||
+        !(spread = PyArray_SimpleNew(1, &dims, NPY_FLOAT64))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t i = 0; i < nl; i++) {
+        if (lens64[i] < 1 || lens64[i] > 1000000) {
+            PyErr_SetString(PyExc_ValueError, "recall_sweep: a shortlist length out of range");
+            goto done;
+        }
+        lens[i] = (uint32_t)lens64[i];
+    }
+    struct kd_sweep sw = {qv.buf,
+                          nq,
+                          hidden,
+                          truth,
+                          (size_t)k,
+                          (size_t)ef,
+                          lens,
+                          nl,
+                          threads,
+                          PyArray_DATA((PyArrayObject *)recall),
+                          PyArray_DATA((PyArrayObject *)spread),
+                          0,
+                          0,
+                          0};
+    Py_BEGIN_ALLOW_THREADS err = kd_index_recall_sweep(ix, &sw);
+    Py_END_ALLOW_THREADS if (!err)
+        out = Py_BuildValue("OOdn", recall, spread, sw.scored, (Py_ssize_t)sw.nqueries);
+done:
+    if (taken)
+        PyBuffer_Release(&qv);
+    kd_release_buffer(&hv);
+    kd_release_buffer(&tv);
+    kd_release_buffer(&lv);
+    PyMem_Free(lens);
+    Py_XDECREF(recall);
+    Py_XDECREF(spread);
+    kd_py_leave(self);
+    if (err)
+        return kd_raise(err);
+    return out;
+}
+
+static PyObject *Index_calibration(KdIndexObject *self, PyObject *unused)
+{
+    (void)unused;
+    struct kd_index *ix = kd_py_enter(self);
+    if (!ix)
+        return NULL;
+    PyObject *out = NULL;
+    /* A set_calibration may land between sizing and copying: size again. */
+    for (;;) {
+        size_t n = kd_index_calibration(ix, NULL, 0);
+        Py_XDECREF(out);
+        if (!(out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n)))
+            break;
+        if (kd_index_calibration(ix, PyBytes_AS_STRING(out), n) == n)
+            break;
+    }
+    kd_py_leave(self);
+    return out;
+}
+
+static PyObject *Index_set_calibration(KdIndexObject *self, PyObject *arg)
+{
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) != 0)
+        return NULL;
+    struct kd_index *ix = kd_py_enter(self);
+    int err = ix ? kd_index_set_calibration(ix, b.buf, (size_t)b.len) : 0;
+    if (ix)
+        kd_py_leave(self);
+    PyBuffer_Release(&b);
+    if (!ix)
+        return NULL;
+    return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
+}
+
 static PyMethodDef Index_methods[] = {
     {"train", (PyCFunction)Index_train, METH_O, "Fit the quantizer's centre to a sample."},
     {"add", (PyCFunction)Index_add, METH_VARARGS, "add(x, ids, threads=0)"},
@@ -626,6 +743,11 @@ static PyMethodDef Index_methods[] = {
      "adopt_quantizer(other): an empty index takes other's quantizer."},
     {"same_quantizer", (PyCFunction)Index_same_quantizer, METH_O,
      "same_quantizer(other) -> True when both encode alike."},
+    {"recall_sweep", (PyCFunction)Index_recall_sweep, METH_VARARGS,
+     "recall_sweep(queries, hidden, truth, k, ef, lens, threads=0)"},
+    {"calibration", (PyCFunction)Index_calibration, METH_NOARGS, "The stored calibration (bytes)."},
+    {"set_calibration", (PyCFunction)Index_set_calibration, METH_O,
+     "set_calibration(data): store bytes as the calibration (b'': none)."},
     {NULL},
 };
 

@@ -28,10 +28,11 @@ import zlib
 import numpy as np
 
 from . import _core
+from ._container import append_calibration
 from ._core import CorruptIndexError
 from ._index import (
     Index, _as_ids, _as_matrix, _default, _float32, _positive_int,
-    _progress_callback, _search_args, UINT32_MAX,
+    _progress_callback, _recall_target, _search_args, _uncalibrated, UINT32_MAX,
 )
 from ._index import TRAIN_SAMPLE
 from ._index import open as _open_index
@@ -661,6 +662,9 @@ class Collection:
             return
         if self._pending_quantizer and self._trained_rows < min(len(buf), TRAIN_SAMPLE) // 2:
             buf = self._refit_buffer(buf)
+        if buf._cal is None:
+            # Adds too small to hold queries out: measure on hidden nodes.
+            buf._calibrate_hidden(self._threads, "hidden")
         name = _seg_name(self._new_file_number())
         path = os.path.join(self._path, name)
         buf.save(path)
@@ -891,6 +895,11 @@ class Collection:
                 close()
             for h in handles:
                 h.close()
+        try:
+            self._calibrate_merged(path, threads)
+        except BaseException:
+            _unlink_quietly(path)
+            raise
         with self._state:
             try:
                 index = self._open_file(name)
@@ -920,6 +929,17 @@ class Collection:
             committed = {e["name"] for e in self._doc["segments"]}
             _retire([os.path.join(self._path, s.name) for s in inputs
                      if s.name not in committed])
+
+    def _calibrate_merged(self, path, threads):
+        """A merge's output gets its recall calibration before anyone opens
+        it: measured on hidden nodes (no vector of it can be held out of its
+        graph), appended to the file in place."""
+        opts = {k: v for k, v in self._open_options.items() if k != "preload"}
+        with _open_index(path, preload=(), **opts) as out:
+            out._calibrate_hidden(_default(threads, self._threads) or 0, "hidden")
+            blob = out._core.calibration()
+        if blob:
+            append_calibration(path, blob)
 
     def _plan_merge(self):
         """The tiered policy's next merge, or None."""
@@ -1002,12 +1022,31 @@ class Collection:
             view.append(self._buffer._core)
         self._view = tuple(view)
 
-    def search(self, queries, k=10, *, ef=None, oversample=None, rerank=True, filter=None,
-               exact=False, threads=None):
+    def search(self, queries, k=10, *, ef=None, oversample=None, recall=None, rerank=True,
+               filter=None, exact=False, threads=None):
         """Search every segment and the write buffer as one pipeline: graph
         searches over codes, one global shortlist, one batch of reads across
         the segment files, an exact rerank, the global top k. Options and
-        results are those of :meth:`knndirect.Index.search`."""
+        results are those of :meth:`knndirect.Index.search`. A recall
+        target (given, or the default 0.95) takes, of the segments that
+        carry a calibration, the widest beam any of them needs, and the
+        shortlist of the largest one widened by the collection's size over
+        its own: one shortlist is chosen across all segments, and the more
+        vectors compete for it, the more rows keep the same true neighbours
+        (a bound that errs towards recall: 4 equal segments read 4 times
+        one's shortlist; merging makes it cheaper)."""
+        if not exact and _recall_target(recall, ef, oversample) is not None:
+            with self._state:
+                self._check_open()
+                picks = [(len(ix), c) for ix in self._indexes()
+                         if (c := ix._chosen(k, recall))]
+                live = len(self)
+            if picks:
+                size, (_, big_oversample) = max(picks, key=lambda p: p[0])
+                ef = max(c[0] for _, c in picks)
+                oversample = big_oversample * max(1.0, live / max(size, 1))
+            else:
+                ef, oversample = _uncalibrated(k, recall, live)
         single, q, args = _search_args(queries, self._dim, k, ef, oversample, rerank, exact,
                                        _default(threads, self._threads), filter)
         self._check_open()

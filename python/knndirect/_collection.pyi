@@ -47,7 +47,8 @@ class Collection:
     def refit(self, sample: Optional[npt.ArrayLike] = ..., *,
               threads: Optional[int] = ...) -> None: ...
     def search(self, queries: npt.ArrayLike, k: int = ..., *, ef: Optional[int] = ...,
-               oversample: Optional[float] = ..., rerank: bool = ...,
+               oversample: Optional[float] = ..., recall: Optional[float] = ...,
+               rerank: bool = ...,
                filter: Optional[npt.ArrayLike] = ..., exact: bool = ...,
                threads: Optional[int] = ...
                ) -> Tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]: ...

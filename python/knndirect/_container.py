@@ -42,7 +42,7 @@ __all__ = [
     "MAX_SECTIONS", "SECTION_IDS", "SECTION_NAMES", "SECTION_TITLES", "METADATA_FIELDS",
     "METADATA_OFFSETS", "Header", "Tail", "Section", "Layout", "crc32c", "read_layout",
     "section_range", "read_section", "section_crc", "verify_sections", "read_metadata",
-    "fix_checksums",
+    "fix_checksums", "append_calibration",
 ]
 
 BLOCK = 4096
@@ -55,7 +55,7 @@ TAIL_MAGIC = b"KNNDEND1"
 HEADER_CRC_AT = HEADER_BYTES - 4
 ENTRY_CRC_AT = 24
 TAIL_CRC_AT = 12
-FORMAT_VERSION = 1          # the newest version this reader knows
+FORMAT_VERSION = 2          # the newest version this reader knows
 MIN_FORMAT_VERSION = 1
 MAX_SECTIONS = 16
 
@@ -66,16 +66,16 @@ _TAIL = struct.Struct("<QIIII8s")           # table offset, count, table crc, ve
 # Section ids (enum kd_section_id), with short names for lookups and the
 # engine's own names for messages.
 SECTION_IDS = {"metadata": 1, "ids": 2, "tombstones": 3, "codes": 4, "levels": 5,
-               "level0": 6, "upper": 7, "vectors": 8}
+               "level0": 6, "upper": 7, "vectors": 8, "calibration": 9}
 SECTION_NAMES = {v: k for k, v in SECTION_IDS.items()}
 SECTION_TITLES = {1: "metadata", 2: "ids", 3: "tombstones", 4: "codes", 5: "graph levels",
-                  6: "graph level 0", 7: "graph upper levels", 8: "vectors"}
+                  6: "graph level 0", 7: "graph upper levels", 8: "vectors", 9: "calibration"}
 
 # struct kd_meta, the start of the metadata section (centres, rotation signs
 # and scalar-quantizer ranges follow it).
 METADATA_FIELDS = ("dim", "metric", "quantization", "m", "m0", "ef_construction", "pdim",
                    "code_size", "record_stride", "record_bytes", "entry", "max_level",
-                   "count", "live", "seed", "ncentres", "reserved")
+                   "count", "live", "seed", "ncentres", "calib_bytes")
 _META_CODES = "IIIIIIIIIIIiQQQII"
 _META = struct.Struct("<" + _META_CODES)
 METADATA_OFFSETS = {f: struct.calcsize("<" + _META_CODES[:i])
@@ -440,3 +440,38 @@ def fix_checksums(buf: bytearray) -> bytearray:
         struct.pack_into("<I", buf, tail + TAIL_CRC_AT, crc32c(buf[toff:tail]))
     struct.pack_into("<I", buf, HEADER_CRC_AT, crc32c(buf[:HEADER_CRC_AT]))
     return buf
+
+
+def append_calibration(path, data: bytes) -> None:
+    """Give an index file (format 2, without one) the calibration section:
+    in place, changing only the metadata's calib_bytes and the file's end
+    (the new section, the table, the tail) and their checksums, then fsync.
+    Not atomic: only for a file nothing reads yet (a merge's output before
+    the collection takes it), which a crash leaves as a detectably damaged
+    file outside every commit."""
+    layout = read_layout(path)
+    if layout.version < 2 or "calibration" in layout or not data:
+        raise ValueError(f"{path}: cannot take a calibration section (format "
+                         f"{layout.version}, {'has one' if 'calibration' in layout else 'none'})")
+    meta = layout["metadata"]
+    at = layout.table_offset
+    padded = -(-len(data) // BLOCK) * BLOCK
+    field = struct.pack("<I", len(data))
+    with open(path, "r+b") as f:
+        f.seek(meta.offset)
+        head = bytearray(f.read(meta.length))
+        head[METADATA_OFFSETS["calib_bytes"]:METADATA_OFFSETS["calib_bytes"] + 4] = field
+        entries = [(s.id, s.offset, s.length, crc32c(head) if s.id == SECTION_IDS["metadata"]
+                    else s.crc) for s in layout]
+        entries.append((SECTION_IDS["calibration"], at, len(data), crc32c(data)))
+        table = b"".join(_ENTRY.pack(sid, 0, off, length, crc, 0)
+                         for sid, off, length, crc in entries)
+        tail = _TAIL.pack(at + padded, len(entries), crc32c(table), layout.version, 0,
+                          TAIL_MAGIC)
+        f.seek(meta.offset + METADATA_OFFSETS["calib_bytes"])
+        f.write(field)
+        f.seek(at)
+        f.write(bytes(data) + bytes(padded - len(data)) + table + tail)
+        f.truncate()
+        f.flush()
+        os.fsync(f.fileno())

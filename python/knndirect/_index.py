@@ -7,11 +7,12 @@ import io
 import math
 import operator
 import os
+import time
 import warnings
 
 import numpy as np
 
-from . import _core
+from . import _calibration, _core
 
 # Names and codes come from the C core's metric table (csrc/metric.h).
 METRICS = {m["name"]: m["code"] for m in _core.METRICS}
@@ -137,6 +138,35 @@ def _default(threads, default):
     return threads if threads is not None else (default or None)
 
 
+def _recall_target(recall, ef, oversample):
+    """The recall a search aims at: recall as given (checked), the default
+    when neither ef nor oversample is given, else None (they are used)."""
+    if recall is None:
+        return _calibration.DEFAULT_TARGET if ef is None and oversample is None else None
+    if ef is not None or oversample is not None:
+        raise ValueError("recall= chooses ef and oversample: give recall, or ef/oversample, "
+                         "not both")
+    try:
+        r = float(recall)
+    except (TypeError, ValueError):
+        raise TypeError(f"recall must be a number, got {type(recall).__name__}") from None
+    if not 0.0 < r < 1.0:
+        raise ValueError(f"recall must be between 0 and 1 (exclusive), got {recall!r}; "
+                         "exact=True gives exact answers")
+    return r
+
+
+def _uncalibrated(k, recall, live):
+    """(ef, oversample) where no calibration exists: ef 64 by default; for
+    recall= a beam over every node of a small index, else an error."""
+    if recall is None:
+        return None, None  # small, or from before calibrations
+    if live < _calibration.MIN_INDEX:
+        return max(k, live), None
+    raise ValueError("no recall calibration here (written by an older version, or grown by "
+                     "adds too small to hold queries out): call tune(queries) once")
+
+
 def _search_args(queries, dim, k, ef, oversample, rerank, exact, threads, filter):
     """Check search arguments: (single, queries as (n, dim) float32, the
     core's arguments after the queries)."""
@@ -211,6 +241,85 @@ class Index:
         info = core.info()
         self._dim = info["dim"]
         self._metric = info["metric"]
+        self._seed = info["seed"]
+        self._on_disk = info["storage"] == "disk"
+        self._cal = _calibration.decode(core.calibration())
+        self._cal_seconds = None
+        self._choices = {}
+
+    # -- recall targets -----------------------------------------------------
+    def _set_calibration(self, cal):
+        self._core.set_calibration(_calibration.encode(cal) if cal else b"")
+        self._cal, self._choices = cal, {}
+
+    def _calibrate(self, queries, k, threads, source, truth=None, hidden=None,
+                   max_oversample=None, started=None):
+        """Measure the table on queries (their true neighbours found by brute
+        force unless given) and keep it."""
+        t0 = started or time.perf_counter()
+        q = _float32(queries)
+        if truth is None:
+            _, truth = self._core.search(q, k, 0, 0.0, True, True, threads or 0, None)
+        cal = _calibration.measure(self._core, q, truth, k, hidden=hidden, threads=threads or 0,
+                                   max_oversample=max_oversample, source=source)
+        self._set_calibration(cal)
+        # Not in the file: a threads=1 build saves the same bytes every time.
+        self._cal_seconds = round(time.perf_counter() - t0, 4)
+
+    def _calibrate_hidden(self, threads, source):
+        """Measure the table where no vector can be held out (an index that
+        exists already): stored vectors as queries, each searched with its
+        own node hidden (neither scored nor expanded). The graph was pruned
+        around that node, so recall comes out a little low (docs/design.md,
+        "Recall targets"): a safe table, not a tight one. Nothing for an
+        index under MIN_INDEX vectors."""
+        live = self._core.live_ids()
+        if live.shape[0] < _calibration.MIN_INDEX:
+            return
+        k = _calibration.K
+        rng = np.random.default_rng([self._seed & (2**63 - 1), live.shape[0]])
+        ids = np.sort(rng.choice(live, _calibration.QUERIES, replace=False))
+        t0 = time.perf_counter()
+        q = np.ascontiguousarray(self._core.get_vectors(ids))
+        _, found = self._core.search(q, k + 1, 0, 0.0, True, True, threads or 0, None)
+        # The truth without the query's own id (or, when duplicates crowd it
+        # out of the top k + 1, without the last).
+        keep = found != ids[:, None]
+        keep[keep.all(axis=1), -1] = False
+        self._calibrate(q, k, threads, source, truth=found[keep].reshape(len(ids), k),
+                        hidden=ids, started=t0)
+
+    def _holdout(self, n):
+        """Positions of an add of n rows to hold out as calibration queries,
+        or None when no table is due."""
+        before = len(self._core)
+        if before + n < _calibration.MIN_INDEX or not _calibration.due(self._cal, before + n):
+            return None
+        held = _calibration.holdout(n, before + n, self._seed)
+        if held is None or before + n - held.shape[0] < _calibration.MIN_INDEX // 2:
+            return None
+        return held
+
+    def _chosen(self, k, recall):
+        """(ef, oversample) of the calibration for recall (None: the default
+        target, met with confidence), or None without a calibration."""
+        if self._cal is None:
+            return None
+        key = (recall, k)
+        got = self._choices.get(key)
+        if got is None:
+            target = _calibration.DEFAULT_TARGET if recall is None else recall
+            got = self._choices[key] = _calibration.choose(self._cal, target, k,
+                                                           sure=recall is None)[:2]
+        return got
+
+    def _search_params(self, k, ef, oversample, recall):
+        """(ef, oversample) for a search: a recall target read from the
+        calibration; ef/oversample as given otherwise."""
+        if _recall_target(recall, ef, oversample) is None:
+            return ef, oversample
+        chosen = self._chosen(k, recall)
+        return chosen if chosen else _uncalibrated(k, recall, len(self._core))
 
     # -- properties ---------------------------------------------------------
     @property
@@ -266,7 +375,8 @@ class Index:
             id_arr = np.arange(start, start + n, dtype=np.int64)
         nthreads = _positive_int(threads, "threads", maximum=UINT32_MAX)
         report, close = _progress_callback(progress, n)
-        if report is None and n <= ADD_CHUNK:
+        held = self._holdout(n)
+        if report is None and n <= ADD_CHUNK and held is None:
             self._core.add(_float32(x), id_arr, nthreads)
             return
         # In chunks: check everything first, so that a bad row or id adds
@@ -290,13 +400,33 @@ class Index:
         if len(self._core) == 0 and self._core.info()["slots"] == 0:
             sample = np.unique(np.linspace(0, n - 1, min(n, TRAIN_SAMPLE)).astype(np.int64))
             self._core.train(_float32(x[sample]))
+        # Calibration queries (held) go in last, after the table is measured
+        # on them: vectors of this very data that the graph has not seen.
+        keep = None
+        if held is not None:
+            keep = np.ones(n, bool)
+            keep[held] = False
+        done = 0
         try:
             for start in range(0, n, chunk):
                 end = min(n, start + chunk)
-                self._core.add(_float32(x[start:end]), id_arr[start:end], nthreads)
+                rows = slice(start, end) if keep is None else np.arange(start, end)[keep[start:end]]
+                self._core.add(_float32(x[rows]), id_arr[rows], nthreads)
+                done = end
                 if report is not None and report(end, n) is False:
                     break
+            if held is not None and done == n:
+                self._calibrate(x[held], _calibration.K, nthreads, "build")
         finally:
+            # Whatever happened, the index holds exactly the chunks done, held
+            # rows included. A chunk is done when its rows are in: Ctrl-C can
+            # land after a chunk's add returned, before `done` counted it.
+            if held is not None:
+                starts = held // chunk * chunk
+                probe = starts + np.array([np.argmax(keep[s:s + chunk]) for s in starts])
+                back = held[self._core.contains(id_arr[probe])]
+                if back.size:
+                    self._core.add(_float32(x[back]), id_arr[back], nthreads)
             if close is not None:
                 close()
 
@@ -312,8 +442,8 @@ class Index:
         self._core.remove(_as_ids(ids))
 
     # -- searching ----------------------------------------------------------
-    def search(self, queries, k=10, *, ef=None, oversample=None, rerank=True, filter=None,
-               exact=False, threads=None):
+    def search(self, queries, k=10, *, ef=None, oversample=None, recall=None, rerank=True,
+               filter=None, exact=False, threads=None):
         """Search one query or a batch; the GIL is released throughout.
 
         Parameters
@@ -324,14 +454,23 @@ class Index:
             Results per query. k larger than the index is fine: the tail is
             padded.
         ef : int, optional
-            Beam width of the graph search over codes (default
-            ``info()["default_ef"]``, 64; at least k). The shortlist is drawn
-            from every node the search scores, so ef and oversample are
-            independent.
+            Beam width of the graph search over codes (at least k). The
+            shortlist is drawn from every node the search scores, so ef and
+            oversample are independent. Giving ef or oversample turns the
+            recall target off; the one not given takes the fixed default
+            (ef 64; oversample per quantization and dim).
         oversample : float >= 1, optional
             Shortlist = ceil(k * oversample) candidates re-scored with the
-            float32 vectors (default per quantization and dim,
-            ``info()["default_oversample"]``).
+            float32 vectors.
+        recall : float in (0, 1), optional
+            Aim at this recall@k: ef and oversample are read from the
+            index's calibration (``info()["calibration"]``), the cheapest
+            measured pair that reaches it. Without ef, oversample or recall
+            a search aims at 0.95 with 95% confidence. An index without a
+            calibration (fewer than 1,000 vectors; a file written before
+            calibrations existed) searches with ef 64 by default; with
+            recall given, a small one widens the beam to every node and a
+            large one raises ValueError until ``tune`` is called.
         rerank : bool
             False returns the quantized estimates, with no vector reads.
         filter : array_like of int, optional
@@ -351,12 +490,54 @@ class Index:
             Ids, best first. Missing results are I = -1 with D = +inf (l2) or
             -inf (ip, cosine).
         """
+        if not exact:
+            ef, oversample = self._search_params(k, ef, oversample, recall)
         single, q, args = _search_args(queries, self._dim, k, ef, oversample, rerank, exact,
                                        _default(threads, self._threads), filter)
         D, I = self._core.search(q, *args)
         if single:
             return D[0], I[0]
         return D, I
+
+    def tune(self, queries, k=10, *, threads=None):
+        """Measure the recall calibration again on your own queries.
+
+        Their true neighbours are found by brute force (on disk: one pass
+        over the vectors), then each query is searched over a ladder of
+        beam widths and shortlist lengths. The table replaces the stored
+        one; ``save`` keeps it in the file (an index from ``open`` keeps it
+        in memory until closed). Adds that double the index measure it again
+        on held-out vectors of the data.
+
+        Parameters
+        ----------
+        queries : array_like, shape (n, dim)
+            At least 50 queries, like the ones the index will serve; 200 to
+            1,000 give a table within about +-0.01 of the truth.
+        k : int
+            The k the table is measured at (searches with a larger k widen
+            the beam in proportion).
+        threads : int, optional
+
+        Returns
+        -------
+        dict
+            ``info()["calibration"]``.
+        """
+        q = np.asarray(queries)
+        q = _as_matrix(q if q.ndim == 2 else q.reshape(1, -1), self._dim, "queries")
+        if q.shape[0] < _calibration.MIN_QUERIES:
+            raise ValueError(f"tune needs at least {_calibration.MIN_QUERIES} queries, "
+                             f"got {q.shape[0]}")
+        k = _positive_int(k, "k", allow_none=False)
+        if len(self._core) <= k:
+            raise ValueError(f"tune needs an index of more than k = {k} vectors")
+        nthreads = _positive_int(_default(threads, self._threads), "threads",
+                                 maximum=UINT32_MAX)
+        # On disk every shortlisted row of every beam is a read: shorter ladder.
+        self._calibrate(q, k, nthreads, "tune",
+                        max_oversample=_calibration.MAX_OVERSAMPLE / 2 if self._on_disk else None)
+        return self.info()["calibration"]
 
     def get_vectors(self, ids):
         """The stored vectors of ids, as added (also for cosine).
@@ -437,6 +618,13 @@ class Index:
         info = self._core.info()
         info["source"] = self._source
         info["preload"] = list(self._preload)
+        info["calibration"] = None
+        if self._cal is not None:
+            info["calibration"] = _calibration.curve(self._cal)
+            if self._cal_seconds is not None:
+                info["calibration"]["seconds"] = self._cal_seconds
+            chosen = info["calibration"]["default"]
+            info["default_ef"], info["default_oversample"] = chosen["ef"], chosen["oversample"]
         return info
 
     def stats(self, reset=False) -> dict:
@@ -451,12 +639,13 @@ class Index:
         -------
         dict
             queries, exact_queries, read_ops, read_bytes (int),
-            rerank_vectors (int: records re-scored), early_reads (int:
+            rerank_vectors (int: records fetched to re-score, early_unused
+            included), early_reads (int:
             records read while the graph search was still running, with
             io_uring: up to three quarters of the shortlist for a search
             alone, half while other searches are in flight), early_unused
             (int: of those, records that the final shortlist did not keep;
-            they are re-scored too), and
+            read, not scored), and
             io_wait_seconds, graph_seconds, rerank_seconds (float). Bytes read
             per query, ``read_bytes / queries``, compares with the ideal
             ``rerank_vectors / queries * info()["record_size"]``.

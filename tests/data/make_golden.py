@@ -15,7 +15,9 @@ queries and the expected results:
   full_D / full_I:   graph search with a beam and a shortlist as large as the
                      index (ef = oversample * k = all vectors), so that the
                      answer is exact and independent of the search heuristics,
-                     yet it runs through codes, graph and rerank.
+                     yet it runs through codes, graph and rerank;
+  calibration:       the recall calibration's stored bytes (format 2 on; empty
+                     when the index has none: fewer than 1,000 vectors).
 Queries are kept only where the top-k+1 distances are well separated, so
 that a change of summation order in a SIMD kernel cannot reorder them.
 """
@@ -33,6 +35,8 @@ CASES = [
     # name, n, dim, metric, quantization, m, seed
     ("l2_1bit", 500, 24, "l2", "1bit", 8, 20240601),
     ("cosine_4bit", 300, 24, "cosine", "4bit", 6, 20240602),
+    # From format 2: large enough to carry a recall calibration.
+    ("ip_1bit_calibrated", 1500, 24, "ip", "1bit", 8, 20261201),
 ]
 
 
@@ -76,7 +80,8 @@ def make(name, n, dim, metric, quantization, m, seed):
     np.savez(stem + ".npz", base=base, ids=ids, removed=removed, queries=queries,
              exact_D=exact_D, exact_I=exact_I, full_D=full_D, full_I=full_I,
              params=np.array([n, dim, m, seed, K]), metric=np.array(metric),
-             quantization=np.array(quantization), version=np.array(version))
+             quantization=np.array(quantization), version=np.array(version),
+             calibration=np.frombuffer(index._core.calibration(), np.uint8))
     print("wrote %s.kdx (%d bytes) and .npz" % (stem, os.path.getsize(stem + ".kdx")))
 
 

@@ -1,0 +1,227 @@
+/* calibrate.c — recall against ef and shortlist length (calibrate.h). */
+#include "calibrate.h"
+#include "common.h"
+#include "exact.h"
+#include "search.h"
+#include "vecio.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Sums over queries: per shortlist length, hits and each query's recall
+ * (and its square); per query, the rest. */
+struct sweep_sums {
+    uint64_t *hits, truths, queries, scored, skipped;
+    double *sum, *sum2;
+};
+
+struct sweep_run {
+    struct kd_index *ix;
+    struct kd_sweep *sw;
+    size_t next;
+    struct kd_first_error fe;
+    pthread_mutex_t lock; /* guards t */
+    struct sweep_sums t;
+};
+
+/* Per worker: the shortlist's vectors when they are on disk. */
+struct sweep_worker {
+    uint64_t *rows64;
+    uint8_t *buf;
+    const float **vec;
+    uint32_t *truth;
+};
+
+static void worker_free(struct sweep_worker *w)
+{
+    free(w->rows64);
+    kd_free_aligned(w->buf);
+    free(w->vec);
+    free(w->truth);
+}
+
+static int worker_alloc(struct kd_index *ix, size_t most, size_t k, struct sweep_worker *w)
+{
+    w->vec = malloc(most * sizeof *w->vec);
+    w->truth = malloc(k * sizeof *w->truth);
+    int ok = w->vec && w->truth;
+    if (ok && ix->vio) {
+        w->rows64 = malloc(most * sizeof *w->rows64);
+        w->buf = kd_alloc_aligned(kd_vecio_buffer_alignment(ix->vio), most * ix->record_stride);
+        ok = w->rows64 && w->buf;
+    }
+    return ok ? 0 : kd_fail(-ENOMEM, "out of memory for a calibration");
+}
+
+/* The vectors of res[0..n): in place in memory, else one batch read. */
+static int fetch(struct kd_index *ix, struct sweep_worker *w, const struct kd_heap_item *res,
+                 size_t n)
+{
+    if (!ix->vio) {
+        for (size_t i = 0; i < n; i++)
+            w->vec[i] = ix->vectors + (size_t)res[i].row * ix->p.dim;
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++)
+        w->rows64[i] = res[i].row;
+    struct kd_io_counters io = {0, 0, 0};
+    int err = ix->src->get_rows(ix, w->rows64, n, w->buf, ix->record_stride, &io);
+    for (size_t i = 0; i < n; i++)
+        w->vec[i] = (const float *)(w->buf + i * ix->record_stride);
+    return err;
+}
+
+static size_t found(const struct kd_heap_item *top, size_t ntop, const uint32_t *truth, size_t nt)
+{
+    size_t hits = 0;
+    for (size_t i = 0; i < ntop; i++)
+        for (size_t j = 0; j < nt; j++)
+            if (top[i].row == truth[j]) {
+                hits++;
+                break;
+            }
+    return hits;
+}
+
+/* One query: the graph search with the longest shortlist, then each prefix
+ * length's exact top k against the truth. hits[l] gets its count. */
+static void count_hits(struct sweep_sums *t, size_t l, size_t hits, size_t nt)
+{
+    double r = (double)hits / (double)nt;
+    t->hits[l] += hits;
+    t->sum[l] += r;
+    t->sum2[l] += r * r;
+}
+
+static int sweep_query(struct sweep_run *r, struct kd_search_ctx *c, struct sweep_worker *w,
+                       size_t i, struct sweep_sums *t)
+{
+    struct kd_index *ix = r->ix;
+    const struct kd_sweep *sw = r->sw;
+    size_t k = sw->k, most = sw->lens[sw->nlens - 1];
+    uint32_t hidden = KD_NONE;
+    if (sw->hidden && sw->hidden[i] >= 0) {
+        hidden = kd_idmap_get(&ix->idmap, sw->hidden[i]);
+        if (hidden == KD_NO_ROW)
+            return kd_fail(-ESRCH, "id %lld is not in the index", (long long)sw->hidden[i]);
+    }
+    size_t nt = 0;
+    for (size_t j = 0; j < k; j++) {
+        int64_t id = sw->truth[i * k + j];
+        uint32_t row = id < 0 ? KD_NO_ROW : kd_idmap_get(&ix->idmap, id);
+        if (row != KD_NO_ROW)
+            w->truth[nt++] = row;
+    }
+    if (hidden == ix->graph.entry || nt == 0) {
+        t->skipped++;
+        return 0;
+    }
+    /* The oversample whose shortlist is `most` rows, clipped below. */
+    struct kd_search_params sp = {k, sw->ef, (double)most / (double)k, 0, 0, 1, NULL, 0};
+    const struct kd_heap_item *res;
+    size_t n;
+    uint64_t before = c->s.scored;
+    int err = kd_query_graph_hiding(ix, c, sw->q + i * ix->p.dim, &sp, hidden, &res, &n);
+    if (err)
+        return err;
+    t->scored += c->s.scored - before;
+    n = n < most ? n : most;
+    if ((err = fetch(ix, w, res, n)))
+        return err;
+    size_t ntop = 0, l = 0;
+    for (size_t j = 0; j < n; j++) {
+        float inv = 0;
+        if (ix->metric->normalized)
+            inv = ix->inv_norms ? ix->inv_norms[res[j].row] : kd_inv_norm(ix, w->vec[j]);
+        kd_topk_offer(c->top, &ntop, k, kd_exact_dist(ix, c->q, w->vec[j], inv), res[j].row);
+        for (; l < sw->nlens && sw->lens[l] == j + 1; l++)
+            count_hits(t, l, found(c->top, ntop, w->truth, nt), nt);
+    }
+    for (size_t h = found(c->top, ntop, w->truth, nt); l < sw->nlens; l++)
+        count_hits(t, l, h, nt); /* lengths past what the beam scored */
+    t->truths += nt;
+    t->queries++;
+    return 0;
+}
+
+static void *sweep_worker(void *arg)
+{
+    struct sweep_run *r = arg;
+    struct kd_index *ix = r->ix;
+    size_t nl = r->sw->nlens;
+    struct kd_search_ctx *c = kd_search_ctx_get(ix);
+    struct sweep_worker w = {NULL, NULL, NULL, NULL};
+    struct sweep_sums t = {calloc(nl, sizeof *t.hits), 0, 0, 0, 0, calloc(nl, sizeof *t.sum),
+                           calloc(nl, sizeof *t.sum2)};
+    int err = c && t.hits && t.sum && t.sum2 ? worker_alloc(ix, r->sw->lens[nl - 1], r->sw->k, &w)
+                                             : kd_fail(-ENOMEM, "out of memory for a calibration");
+    while (!err && !kd_first_error_set(&r->fe)) {
+        size_t i = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED);
+        if (i >= r->sw->nq)
+            break;
+        err = sweep_query(r, c, &w, i, &t);
+    }
+    kd_first_error_record(&r->fe, err);
+    pthread_mutex_lock(&r->lock);
+    for (size_t l = 0; !err && l < nl; l++) {
+        r->t.hits[l] += t.hits[l];
+        r->t.sum[l] += t.sum[l];
+        r->t.sum2[l] += t.sum2[l];
+    }
+    r->t.truths += t.truths;
+    r->t.queries += t.queries;
+    r->t.scored += t.scored;
+    r->t.skipped += t.skipped;
+    pthread_mutex_unlock(&r->lock);
+    if (c) {
+        memset(&c->st, 0, sizeof c->st); /* calibration is not the user's traffic */
+        kd_search_ctx_put(ix, c);
+    }
+    worker_free(&w);
+    free(t.hits);
+    free(t.sum);
+    free(t.sum2);
+    return NULL;
+}
+
+int kd_index_recall_sweep(struct kd_index *ix, struct kd_sweep *sw)
+{
+    if (sw->k == 0 || sw->nlens == 0)
+        return kd_fail(-EINVAL, "a calibration needs k >= 1 and a shortlist length");
+    for (size_t l = 0; l < sw->nlens; l++)
+        if (sw->lens[l] < sw->k || (l && sw->lens[l] <= sw->lens[l - 1]))
+            return kd_fail(-EINVAL, "shortlist lengths must ascend from k");
+    int err = kd_check_finite(sw->q, sw->nq, ix->p.dim, "query");
+    if (err)
+        return err;
+    struct sweep_run r = {ix, sw, 0, KD_FIRST_ERROR_INIT, PTHREAD_MUTEX_INITIALIZER};
+    r.t.hits = calloc(sw->nlens, sizeof *r.t.hits);
+    r.t.sum = calloc(sw->nlens, sizeof *r.t.sum);
+    r.t.sum2 = calloc(sw->nlens, sizeof *r.t.sum2);
+    if (!r.t.hits || !r.t.sum || !r.t.sum2) {
+        err = kd_fail(-ENOMEM, "out of memory for a calibration");
+        goto out;
+    }
+    pthread_rwlock_rdlock(&ix->lock);
+    if (ix->graph.entry != KD_NONE && sw->nq) {
+        unsigned threads = kd_resolve_threads(sw->threads);
+        kd_run_workers(sweep_worker, &r, threads < sw->nq ? threads : (unsigned)sw->nq);
+    }
+    pthread_rwlock_unlock(&ix->lock);
+    err = kd_first_error_take(&r.fe);
+    double nq = (double)r.t.queries;
+    for (size_t l = 0; l < sw->nlens; l++) {
+        sw->recall[l] = r.t.truths ? (double)r.t.hits[l] / (double)r.t.truths : 1.0;
+        double mean = nq ? r.t.sum[l] / nq : 0, var = nq ? r.t.sum2[l] / nq - mean * mean : 0;
+        sw->spread[l] = var > 0 ? sqrt(var) : 0;
+    }
+    sw->scored = nq ? (double)r.t.scored / nq : 0;
+    sw->nqueries = (size_t)r.t.queries;
+    sw->nskipped = (size_t)r.t.skipped;
+out:
+    free(r.t.hits);
+    free(r.t.sum);
+    free(r.t.sum2);
+    return err;
+}

@@ -1,0 +1,37 @@
+/* calibrate.h — how recall@k grows with the beam (ef) and the shortlist
+ * length, measured over queries whose true neighbours are known: the table a
+ * recall target is chosen from (the Python layer keeps it in the index file).
+ *
+ * One call measures one ef. Each query's graph search keeps the longest
+ * shortlist; a shorter one is its prefix (the shortlist is the best of the
+ * nodes the beam scored, and the beam does not depend on its length), so
+ * every length is scored from the same search. */
+#ifndef KD_CALIBRATE_H
+#define KD_CALIBRATE_H
+
+#include "index.h"
+
+struct kd_sweep {
+    const float *q; /* nq x dim */
+    size_t nq;
+    /* Per query, an id searched as if it had never been added (a query made
+     * of that vector, asked as an unseen one would be); -1 none; NULL: none.
+     * A query hiding the graph's entry node is left out (nskipped). */
+    const int64_t *hidden;
+    const int64_t *truth; /* nq x k ids, -1 where a query has fewer */
+    size_t k, ef;
+    const uint32_t *lens; /* shortlist lengths, ascending, each >= k */
+    size_t nlens;
+    unsigned threads; /* 0: all cores */
+    /* out */
+    double *recall;  /* nlens: true neighbours found / true neighbours */
+    double *spread;  /* nlens: standard deviation of a query's recall */
+    double scored;   /* code distances the graph search computed, mean per query */
+    size_t nqueries; /* queries measured (with a true neighbour, not skipped) */
+    size_t nskipped;
+};
+
+/* 0 or -errno: -EINVAL for bad lengths, -ESRCH for a hidden id not live. */
+int kd_index_recall_sweep(struct kd_index *ix, struct kd_sweep *sw);
+
+#endif

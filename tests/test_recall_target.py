@@ -1,0 +1,338 @@
+"""Recall targets: search(recall=r) and the default search read ef and
+oversample from a calibration measured at build time on vectors held out of
+the add, stored in the index file; tune() measures it again on the user's
+queries. Recalls are checked against numpy brute force on queries that
+were never added."""
+import io
+
+import numpy as np
+import pytest
+
+import knndirect as kd
+from conftest import brute_force, open_quiet, recall_at_k, split
+from knndirect import _calibration
+
+K = 10
+TARGETS = (0.90, 0.95, 0.98)
+
+
+@pytest.fixture(scope="module", params=["l2", "ip", "cosine"])
+def built(request):
+    """20,000 x 64 clustered vectors, built on one thread (one graph, every
+    run), and 1,000 unseen queries with their true neighbours."""
+    metric = request.param
+    base, queries = split(20000, 1000, 64, seed=4200)
+    index = kd.Index(64, metric, seed=7)
+    index.add(base, threads=1)
+    _, truth = brute_force(base, queries, K, metric)
+    yield metric, base, queries, truth, index
+    index.close()
+
+
+def test_build_measures_a_calibration(built):
+    metric, base, _, _, index = built
+    cal = index.info()["calibration"]
+    assert cal["source"] == "build" and cal["k"] == K
+    assert cal["queries"] == _calibration.QUERIES
+    # Measured on the index less the held-out queries, which went in after.
+    assert cal["count"] == len(base) - _calibration.QUERIES and len(index) == len(base)
+    assert cal["seconds"] > 0
+    # At one beam, a longer shortlist holds every true neighbour a shorter
+    # one does (it is its prefix): recall never falls along it.
+    for ef in cal["ef"]:
+        row = [p["recall"] for p in cal["points"] if p["ef"] == ef]
+        assert len(row) == len(cal["shortlist"]) and row == sorted(row)
+    assert max(p["recall"] for p in cal["points"]) >= 0.98
+    assert {0.9, 0.95, 0.98, 0.99} <= set(cal["targets"])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_recall_target_is_met_within_002(built, target):
+    metric, _, queries, truth, index = built
+    _, ids = index.search(queries, K, recall=target)
+    got = recall_at_k(ids, truth)
+    assert abs(got - target) <= 0.02, f"{metric}: recall={target} gave {got:.4f}"
+
+
+def test_cost_rises_with_the_target(built):
+    _, _, queries, _, index = built
+    chosen = [_calibration.choose(index._cal, t, K) for t in TARGETS]
+    # A higher target never gets a narrower beam and a shorter shortlist both.
+    for (ef0, os0, r0), (ef1, os1, r1) in zip(chosen, chosen[1:]):
+        assert ef1 >= ef0 or os1 >= os0
+        assert ef1 * os1 > ef0 * os0 and r1 > r0
+    index.stats(reset=True)
+    index.search(queries, K, recall=TARGETS[0])
+    low = index.stats(reset=True)["rerank_vectors"]
+    index.search(queries, K, recall=TARGETS[-1])
+    high = index.stats(reset=True)["rerank_vectors"]
+    assert high >= low
+
+
+def test_default_search_reaches_095(built):
+    metric, _, queries, truth, index = built
+    _, ids = index.search(queries, K)
+    got = recall_at_k(ids, truth)
+    assert got >= 0.95, f"{metric}: default recall {got:.4f}"
+    info = index.info()
+    default = info["calibration"]["default"]
+    assert (info["default_ef"], info["default_oversample"]) == (default["ef"],
+                                                               default["oversample"])
+    # The default keeps a margin of its own standard error above 0.95.
+    assert default["expected_recall"] >= 0.95
+
+
+def test_calibration_travels_with_the_file(built, tmp_path):
+    _, _, queries, _, index = built
+    blob = index._core.calibration()
+    assert blob
+    path = tmp_path / "cal.kdx"
+    index.save(path)
+    want = index.search(queries[:50], K, recall=0.9)
+    for other in (kd.load(path), kd.load(index.to_bytes()),
+                  kd.load(io.BytesIO(index.to_bytes())), open_quiet(path, "threads")):
+        try:
+            assert other._core.calibration() == blob
+            assert other.info()["calibration"]["ef"] == index.info()["calibration"]["ef"]
+            if other.info()["storage"] == "memory":
+                got = other.search(queries[:50], K, recall=0.9)
+                np.testing.assert_array_equal(got[1], want[1])
+        finally:
+            other.close()
+
+
+def test_tune_on_the_users_queries(built):
+    metric, base, queries, truth, _ = built
+    index = kd.load(built[4].to_bytes())
+    try:
+        cal = index.tune(queries[:500], threads=1)
+        assert cal["source"] == "tune" and cal["queries"] == 500
+        assert cal == index.info()["calibration"]
+        _, ids = index.search(queries[500:], K, recall=0.95)
+        got = recall_at_k(ids, truth[500:])
+        assert abs(got - 0.95) <= 0.02, f"{metric}: tuned recall {got:.4f}"
+    finally:
+        index.close()
+
+
+def test_tune_on_an_opened_index(built, tmp_path):
+    _, _, queries, truth, index = built
+    path = tmp_path / "tune.kdx"
+    index.save(path)
+    with open_quiet(path, "threads") as opened:
+        opened.tune(queries[:300])
+        assert opened.info()["calibration"]["source"] == "tune"
+        _, ids = opened.search(queries[300:], K, recall=0.95)
+        assert abs(recall_at_k(ids, truth[300:]) - 0.95) <= 0.02
+    # The file on disk is unchanged: open is read-only.
+    with open_quiet(path, "threads") as again:
+        assert again.info()["calibration"]["source"] == "build"
+
+
+def test_recall_argument_errors(built):
+    _, _, queries, _, index = built
+    with pytest.raises(ValueError, match="not both"):
+        index.search(queries[:2], K, recall=0.9, ef=50)
+    with pytest.raises(ValueError, match="not both"):
+        index.search(queries[:2], K, recall=0.9, oversample=3)
+    for bad in (0, 1, 1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="between 0 and 1"):
+            index.search(queries[:2], K, recall=bad)
+    with pytest.raises(TypeError, match="recall must be a number"):
+        index.search(queries[:2], K, recall="high")
+    with pytest.raises(ValueError, match="at least 50 queries"):
+        index.tune(queries[:10])
+    with pytest.raises(ValueError, match="dim"):
+        index.tune(np.zeros((100, 3), np.float32))
+
+
+def test_explicit_parameters_turn_the_target_off(built):
+    _, _, queries, _, index = built
+    index.stats(reset=True)
+    index.search(queries[:20], K, ef=40)
+    st = index.stats(reset=True)
+    # ef given, oversample not: the fixed default oversample, not the table's.
+    assert st["rerank_vectors"] == 20 * int(np.ceil(K * kd.Index(64).info()[
+        "default_oversample"]))
+
+
+def test_small_index_has_no_calibration():
+    base, queries = split(600, 50, 16, seed=4201)
+    index = kd.Index(16, "l2")
+    index.add(base)
+    assert index.info()["calibration"] is None
+    assert index.info()["default_ef"] == 64
+    _, truth = brute_force(base, queries, K, "l2")
+    # recall= on it widens the beam to every node.
+    _, ids = index.search(queries, K, recall=0.99)
+    assert recall_at_k(ids, truth) >= 0.99
+
+
+def test_small_adds_keep_the_calibration_until_one_can_hold_queries_out():
+    base, _ = split(5000, 1, 16, seed=4202)
+    index = kd.Index(16, "l2")
+    for start in range(0, 3000, 60):   # too small to hold 50 queries out
+        index.add(base[start:start + 60])
+    assert index.info()["calibration"] is None
+    with pytest.raises(ValueError, match="tune"):
+        index.search(base[:2], K, recall=0.9)
+    index.add(base[3000:5000])        # 2,000 at once: 200 held out
+    cal = index.info()["calibration"]
+    assert cal["queries"] == 200 and cal["count"] == 4800 and len(index) == 5000
+
+
+def test_recalibrates_when_the_index_doubles():
+    base, _ = split(9000, 1, 16, seed=4203)
+    index = kd.Index(16, "l2")
+    index.add(base[:2000])
+    first = index.info()["calibration"]["count"]
+    index.add(base[2000:3000])        # 3,000 < 2 x 1,800: kept
+    assert index.info()["calibration"]["count"] == first
+    index.add(base[3000:9000])
+    assert index.info()["calibration"]["count"] == 9000 - 200
+
+
+def test_interrupted_add_holds_exactly_the_chunks_done():
+    base, _ = split(50000, 1, 8, seed=4204)
+    index = kd.Index(8, "l2")
+    seen = []
+
+    def stop_after_two(done, total):
+        seen.append(done)
+        return len(seen) < 2
+
+    index.add(base, progress=stop_after_two)
+    assert seen[-1] < len(base)
+    assert np.array_equal(np.sort(index._core.live_ids()), np.arange(seen[-1]))
+    assert index.info()["calibration"] is None  # the add did not finish
+
+
+def test_sweep_agrees_with_search(built):
+    """The core's sweep scores every shortlist length from one graph search
+    (shorter shortlists are prefixes of the longest): its recall equals the
+    recall of real searches at each (ef, shortlist)."""
+    _, _, queries, truth, index = built
+    q = np.ascontiguousarray(queries[:300])
+    t = np.ascontiguousarray(truth[:300].astype(np.int64))
+    lens = np.array([10, 20, 40, 80], np.int64)
+    for ef in (12, 40):
+        recall, spread, scored, used = index._core.recall_sweep(q, None, t.ravel(), K, ef,
+                                                                lens, 1)
+        assert used == 300
+        for length, r in zip(lens, recall):
+            _, ids = index.search(q, K, ef=ef, oversample=length / K)
+            per = [len(set(a) & set(b)) / K for a, b in zip(ids, t)]
+            assert r == pytest.approx(np.mean(per), abs=1e-12)
+        assert (spread >= 0).all() and scored >= ef
+
+
+def test_a_hidden_node_is_neither_walked_nor_returned(built):
+    """A query made of a stored vector, that node hidden: it is never found,
+    while the same search without hiding finds it first."""
+    metric, base, _, _, index = built
+    rows = np.arange(0, 2000, 40)
+    q = np.ascontiguousarray(base[rows])
+    if metric == "ip":
+        pytest.skip("under ip a vector need not be its own nearest neighbour")
+    self_only = np.full((len(rows), K), -1, np.int64)
+    self_only[:, 0] = rows
+    lens = np.array([K, 4 * K], np.int64)
+    seen, *_ = index._core.recall_sweep(q, None, self_only.ravel(), K, 64, lens, 1)
+    hidden, *_ = index._core.recall_sweep(q, rows.astype(np.int64), self_only.ravel(), K, 64,
+                                          lens, 1)
+    assert seen.min() == 1.0 and hidden.max() == 0.0
+    with pytest.raises(KeyError):
+        index._core.recall_sweep(q[:1], np.array([10**9], np.int64), self_only[:1].ravel(), K,
+                                 64, lens, 1)
+
+
+def test_damaged_calibration_is_refused(built, tmp_path):
+    from knndirect._container import fix_checksums, read_layout
+    _, _, _, _, index = built
+    blob = bytearray(index.to_bytes())
+    sec = read_layout(bytes(blob))["calibration"]
+    blob[sec.offset + 3] ^= 0x20
+    for how in (lambda b: kd.load(bytes(b)), lambda b: open_quiet(write(tmp_path, b),
+                                                                  "threads")):
+        with pytest.raises(ValueError, match="calibration"):
+            how(blob)
+    # With valid checksums but an unreadable document: still refused, clearly.
+    blob[sec.offset:sec.offset + 2] = b"[]"
+    fixed = bytes(fix_checksums(blob))
+    with pytest.raises(kd.CorruptIndexError, match="calibration"):
+        kd.load(fixed)
+
+
+def write(tmp_path, data):
+    p = tmp_path / "damaged.kdx"
+    p.write_bytes(bytes(data))
+    return p
+
+
+# ------------------------------------------------------------ collections
+
+def test_collection_segments_carry_calibrations(tmp_path):
+    """Flushed segments keep the buffer's calibration (held out while it
+    grew), small adds get one measured on hidden nodes at the flush, and a
+    merge's output gets one appended before the collection takes it."""
+    from knndirect import _container
+    base, queries = split(12000, 300, 32, seed=4205)
+    _, truth = brute_force(base, queries, K, "l2")
+    col = kd.Collection.create(tmp_path / "col", 32, "l2", memory_budget="1MiB",
+                               merge_policy=None)
+    col.add(base[:6000])                              # big adds: held out
+    for start in range(6000, 12000, 40):              # small adds: nothing held out
+        col.add(base[start:start + 40])
+    col.commit()
+    segs = col.segments()
+    assert len(segs) >= 2
+    sources = [_container.read_metadata(tmp_path / "col" / s["name"])["calib_bytes"] > 0
+               for s in segs]
+    assert all(sources), segs
+    kinds = {s.index.info()["calibration"]["source"] for s in col._segments}
+    assert "build" in kinds and "hidden" in kinds
+    _, ids = col.search(queries, K, recall=0.95)
+    assert recall_at_k(ids, truth) >= 0.93
+    col.merge(max_segments=1)
+    col.commit()
+    (seg,) = col._segments
+    cal = seg.index.info()["calibration"]
+    assert cal["source"] == "hidden" and cal["count"] == 12000
+    _container.verify_sections(tmp_path / "col" / seg.name)
+    _, ids = col.search(queries, K)
+    assert recall_at_k(ids, truth) >= 0.95
+    _, ids = col.search(queries, K, recall=0.9)
+    got = recall_at_k(ids, truth)
+    # Hidden nodes understate recall: the pick errs high, never low.
+    assert 0.88 <= got <= 0.97, got
+    col.close()
+    with kd.Collection.open(tmp_path / "col") as again:
+        assert again._segments[0].index.info()["calibration"]["source"] == "hidden"
+
+
+def test_append_calibration_refuses_a_file_that_has_one(built, tmp_path):
+    from knndirect._container import append_calibration
+    _, _, _, _, index = built
+    path = tmp_path / "has.kdx"
+    index.save(path)
+    with pytest.raises(ValueError, match="cannot take"):
+        append_calibration(path, b"{}")
+
+
+def test_queries_unlike_the_data_are_calibrated_by_tune():
+    """The build's calibration assumes queries like the data. Queries from
+    elsewhere (other cluster centres) may get less than the target; tune()
+    on a sample of them makes the target hold for the rest."""
+    from conftest import clustered
+    base = clustered(20000, 32, seed=4300)
+    queries = clustered(800, 32, seed=4301)          # other centres
+    _, truth = brute_force(base, queries, K, "l2")
+    index = kd.Index(32, "l2", seed=5)
+    index.add(base, threads=1)
+    index.tune(queries[:400], threads=1)
+    for target in (0.9, 0.95):
+        _, ids = index.search(queries[400:], K, recall=target)
+        got = recall_at_k(ids, truth[400:])
+        assert abs(got - target) <= 0.02, (target, got)
+    _, ids = index.search(queries[400:], K)
+    assert recall_at_k(ids, truth[400:]) >= 0.95
