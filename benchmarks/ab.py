@@ -10,8 +10,9 @@ under --work. The data and the ground truth are made once. Each round runs
 one fresh process per build, in alternating order (A B, then B A, ...), so
 drift of a shared, noisy machine falls on both sides alike. Every process
 builds an index (threads=2), saves it, searches a batch in RAM, runs single
-queries in RAM, then opens the file with io_uring (or threads where io_uring
-is absent) and runs single queries and a batch from disk. The table gives
+queries in RAM, scores the batch exactly (exact=True), then opens the file
+with io_uring (or threads where io_uring is absent) and runs single queries
+and a batch from disk. The table gives
 the median of each figure per build, the ratio head / base of those
 medians, and the median of the per-round ratios (each round's two runs ran
 back to back, under the same load).
@@ -66,6 +67,7 @@ _, ids = index.search(queries, k=10, threads=2)
 out["recall_ram"] = recall_at_k(ids, truth, 10)
 out["batch_ram_qps"] = len(queries) / passes(lambda: index.search(queries, k=10, threads=2), 5)
 out["single_ram_p50_ms"] = singles(index, queries)
+out["exact_batch_ram_s"] = passes(lambda: index.search(queries, k=10, exact=True, threads=2), 3)
 index.close()
 
 backend = "io_uring" if kd.features()["io_uring"] else "threads"

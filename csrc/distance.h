@@ -13,6 +13,14 @@ typedef void (*kd_block_fn)(const float *const q[4], const float *x, size_t d, f
                             float *xx);
 /* Squared distances of four queries to x in one pass over x. */
 typedef void (*kd_block_l2_fn)(const float *const q[4], const float *x, size_t d, float out[4]);
+/* The same for four vectors x[0..4) at once: out[4 * r + j] is query j
+ * against x[r], xx[r] = |x[r]|^2. Sixteen sums kept apart: each loaded block
+ * serves four FMAs, and no chain waits on another. Bit-identical to four
+ * calls of the block kernel of the same variant. */
+typedef void (*kd_tile_fn)(const float *const q[4], const float *const x[4], size_t d,
+                           float out[16], float xx[4]);
+typedef void (*kd_tile_l2_fn)(const float *const q[4], const float *const x[4], size_t d,
+                              float out[16]);
 /* Orthonormal Walsh-Hadamard transform of n floats in place, n a power of
  * two. Every variant does the same butterflies in the same order, so the
  * results are bit-identical (codes written on one CPU are read on another). */
@@ -25,6 +33,8 @@ struct kd_kernels {
     kd_block_fn dot4;
     kd_block_l2_fn l2sq4;
     kd_fwht_fn fwht;
+    kd_tile_fn dot4x4;
+    kd_tile_l2_fn l2sq4x4;
 };
 
 /* The kernels in use (chosen once, on first call, from the CPU's features). */

@@ -74,17 +74,26 @@ static void score_tile(const struct pass *p, struct kd_heap_item *heaps, size_t 
             }
             continue;
         }
-        for (size_t t = 0; t < ntile; t++) {
-            float out[4], xx = 0;
-            if (d->metric == KD_L2) {
+        /* Four rows at a time through the tile kernels, the rest one by one;
+         * either way each pair's sum is the same to the bit. */
+        for (size_t t = 0; t < ntile;) {
+            size_t rows = ntile - t >= 4 ? 4 : 1;
+            float out[16], xx[4] = {0, 0, 0, 0};
+            if (rows == 4 && d->metric == KD_L2)
+                d->kern->l2sq4x4(qs, xs + t, d->dim, out);
+            else if (rows == 4)
+                d->kern->dot4x4(qs, xs + t, d->dim, out, xx);
+            else if (d->metric == KD_L2)
                 d->kern->l2sq4(qs, xs[t], d->dim, out);
-            } else {
-                d->kern->dot4(qs, xs[t], d->dim, out, &xx);
-                for (size_t j = 0; j < lanes; j++)
-                    out[j] = d->metric == KD_IP ? -out[j] : cosine_from(out[j], xx);
-            }
-            for (size_t j = 0; j < lanes; j++)
-                kd_topk_offer(heaps + (qb + j) * k, &fill[qb + j], k, out[j], rs[t]);
+            else
+                d->kern->dot4(qs, xs[t], d->dim, out, xx);
+            for (size_t r = 0; r < rows; r++, t++)
+                for (size_t j = 0; j < lanes; j++) {
+                    float v = out[4 * r + j];
+                    if (d->metric != KD_L2)
+                        v = d->metric == KD_IP ? -v : cosine_from(v, xx[r]);
+                    kd_topk_offer(heaps + (qb + j) * k, &fill[qb + j], k, v, rs[t]);
+                }
         }
     }
 }

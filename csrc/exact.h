@@ -1,7 +1,8 @@
 /* exact.h — brute-force top-k: over vectors in memory, streamed from disk,
  * or over a subset of rows. Rows are split across threads and scored four
- * queries at a time in tiles that stay in cache, so a batch is compute-bound
- * and a single query streams the data once. */
+ * queries by four rows at a time (sixteen sums in registers) in tiles that
+ * stay in cache, so a batch is compute-bound and a single query streams the
+ * data once. */
 #ifndef KD_EXACT_H
 #define KD_EXACT_H
 

@@ -61,6 +61,26 @@ def test_block_kernels_match_pairs(variant, d):
                                     rel=1e-5, abs=1e-5)
 
 
+@pytest.mark.parametrize("variant", ["scalar"] + VARIANTS)
+@pytest.mark.parametrize("d", DIMS)
+def test_tile_kernels_equal_four_block_calls(variant, d):
+    """Exact search scores four rows at a time: each sum equals, to the bit,
+    the block kernel's for that row (same variant), so results do not depend
+    on where a row falls in a tile."""
+    if not available(variant):
+        pytest.skip(f"this CPU lacks {variant}")
+    a, _ = operands(d, 300 + d)
+    rows, _ = operands(d, 400 + d)
+    x = rows.reshape(4, d)
+    dots = _core._kernel(variant, "dot4x4", a.tobytes(), rows.tobytes())
+    l2s = _core._kernel(variant, "l2sq4x4", a.tobytes(), rows.tobytes())
+    for r in range(4):
+        one = _core._kernel(variant, "dot4", a.tobytes(), x[r].tobytes())
+        assert dots[4 * r:4 * r + 4] == one[:4] and dots[16 + r] == one[4]
+        assert l2s[4 * r:4 * r + 4] == _core._kernel(variant, "l2sq4", a.tobytes(),
+                                                     x[r].tobytes())[:4]
+
+
 def test_kernel_in_use_is_reported():
     feats = kd.features()
     expected = "avx512" if feats["avx512"] else ("avx2" if feats["avx2"] else "scalar")

@@ -108,7 +108,10 @@ static PyObject *mod_features(PyObject *mod, PyObject *unused)
 /* Test hook: one kernel variant by name, to check it against the scalar
  * reference. For the block kernels, a holds four queries of len(b) floats;
  * dot4 returns the four products and |b|^2, l2sq4 the four distances; fwht
- * returns the transform of a (b is ignored) as bytes. */
+ * returns the transform of a (b is ignored) as bytes. The tile kernels take
+ * four queries in a and four rows in b, of equal length: dot4x4 returns the
+ * sixteen products (row by row) then the four |row|^2, l2sq4x4 the sixteen
+ * distances. */
 static PyObject *mod_kernel(PyObject *mod, PyObject *args)
 {
     const char *name, *which;
@@ -116,8 +119,9 @@ static PyObject *mod_kernel(PyObject *mod, PyObject *args)
     if (!PyArg_ParseTuple(args, "ssy*y*", &name, &which, &a, &b))
         return NULL;
     const struct kd_kernels *k = kd_kernels_named(name);
-    size_t d = (size_t)b.len / 4;
     int block = strcmp(which, "dot4") == 0 || strcmp(which, "l2sq4") == 0;
+    int tile = strcmp(which, "dot4x4") == 0 || strcmp(which, "l2sq4x4") == 0;
+    size_t d = (size_t)b.len / (tile ? 16 : 4);
     size_t n = (size_t)a.len / 4;
     PyObject *r = NULL;
     if (!k) {
@@ -128,8 +132,22 @@ static PyObject *mod_kernel(PyObject *mod, PyObject *args)
         } else if ((r = PyBytes_FromStringAndSize(a.buf, a.len))) {
             k->fwht((float *)PyBytes_AS_STRING(r), n);
         }
-    } else if (b.len % 4 || a.len != (block ? 4 : 1) * b.len) {
+    } else if (b.len % (tile ? 16 : 4) || a.len != (block ? 4 : 1) * b.len) {
         PyErr_SetString(PyExc_ValueError, "operands differ in length");
+    } else if (tile) {
+        const float *q[4], *x[4];
+        float out[16], xx[4] = {0, 0, 0, 0};
+        for (int j = 0; j < 4; j++) {
+            q[j] = (const float *)a.buf + j * d;
+            x[j] = (const float *)b.buf + j * d;
+        }
+        if (which[0] == 'd')
+            k->dot4x4(q, x, d, out, xx);
+        else
+            k->l2sq4x4(q, x, d, out);
+        if ((r = PyTuple_New(20)))
+            for (int j = 0; j < 20; j++)
+                PyTuple_SET_ITEM(r, j, PyFloat_FromDouble(j < 16 ? out[j] : xx[j - 16]));
     } else if (block) {
         const float *q[4];
         float out[4], xx = 0;

@@ -51,7 +51,7 @@ SATURATED = 0.99
 FLAT = 0.002
 # What one shortlisted row costs, in code distances of the graph search:
 # one 4 KiB O_DIRECT read (3.4 us of CPU, docs/benchmarks.md "I/O probe")
-# plus its float32 rescoring (0.2-0.5 us), against 75-180 ns a code distance
+# plus its float32 rescoring (0.2-0.5 us), against 50-180 ns a code distance
 # (384-768 dims, 1-bit codes; benchmarks/bench_recall.py prints both). The
 # same price holds in RAM, so that an index makes the same choice loaded or
 # opened and gives the same answers either way.
