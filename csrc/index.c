@@ -300,14 +300,9 @@ static float oracle_pair(void *p, uint32_t a, uint32_t b)
     const struct kd_index *ix = p;
     const float *va = ix->vectors + (size_t)a * ix->p.dim,
                 *vb = ix->vectors + (size_t)b * ix->p.dim;
-    switch (ix->p.metric) {
-    case KD_L2:
-        return ix->kern->l2sq(va, vb, ix->p.dim);
-    case KD_IP:
-        return -ix->kern->dot(va, vb, ix->p.dim);
-    default:
-        return -ix->kern->dot(va, vb, ix->p.dim) * ix->inv_norms[a] * ix->inv_norms[b];
-    }
+    if (ix->p.metric != KD_COSINE)
+        return kd_exact_dist(ix, va, vb, 0);
+    return kd_exact_dist(ix, va, vb, ix->inv_norms[a]) * ix->inv_norms[b];
 }
 
 static void bcode_oracle_from(void *p, uint32_t a, const uint32_t *rows, size_t n, float *out)
