@@ -27,7 +27,9 @@ from ._core import CorruptIndexError
 
 FORMAT = 1
 K = 10  # the k a build-time table is measured at
-# Indexes smaller than this get no table: their default search is exact.
+# Indexes smaller than this get no table: a default search keeps ef 64 and
+# the fixed oversample (near exact at this size); recall= widens the beam to
+# every node.
 MIN_INDEX = 1000
 # Calibration queries. 200 queries of k = 10 give 2,000 neighbours: a recall
 # near 0.95 is estimated within about +-0.01 (one standard error 0.005).
@@ -40,9 +42,14 @@ DEFAULT_TARGET = 0.95
 # A default search reaches DEFAULT_TARGET with 95% confidence (one-sided
 # normal bound); recall=r aims at r itself.
 SURE_Z = 1.645
-# Shortlist lengths, as multiples of k, up to MAX_OVERSAMPLE x the default.
-LENGTH_STEPS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96)
+# Shortlist lengths, as multiples of k, up to MAX_OVERSAMPLE x the default;
+# while the longest still adds recall (more than FLAT over the one before,
+# at the widest beam), the ladder is measured again with lengths twice as
+# long, up to LONGEST x the default (1-bit codes over many similar vectors
+# need deep shortlists: 1M x 256 clustered went on gaining past 16 x k).
+LENGTH_STEPS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192)
 MAX_OVERSAMPLE = 2.0
+LONGEST = 16.0
 # ef ladder: from k up by sqrt(2), until recall stops rising or this cap.
 EF_STEP = math.sqrt(2.0)
 EF_CAP = 4096
@@ -66,9 +73,21 @@ def lengths(k, default_oversample, max_oversample=None):
 def measure(core, queries, truth, k, *, hidden=None, threads=0, max_oversample=None,
             source="build"):
     """The calibration table of core for these queries (float32, C order)
-    and their true neighbours (int64, (n, k), -1 padded)."""
+    and their true neighbours (int64, (n, k), -1 padded). max_oversample
+    given: the lengths stop there (no deeper ladder)."""
+    top = max_oversample or MAX_OVERSAMPLE
+    while True:
+        cal = _ladder(core, queries, truth, k, hidden, threads, top, source)
+        last = cal["recall"][-1]
+        if (max_oversample or top >= LONGEST or len(last) < 2
+                or last[-1] - last[-2] <= FLAT):
+            return cal
+        top *= 2
+
+
+def _ladder(core, queries, truth, k, hidden, threads, top, source):
     info = core.info()
-    lens = np.asarray(lengths(k, info["default_oversample"], max_oversample), np.int64)
+    lens = np.asarray(lengths(k, info["default_oversample"], top), np.int64)
     cap = max(k, min(EF_CAP, info["count"]))
     truth = np.ascontiguousarray(truth, np.int64).ravel()
     efs, table, stderr, scored = [], [], [], []
