@@ -3,7 +3,8 @@ give at least 0.95, and what does the calibration cost?
 
     python benchmarks/bench_recall.py                                # the 100k sets
     python benchmarks/bench_recall.py --sets minilm-wordnet --metrics cosine,l2,ip
-    python benchmarks/bench_recall.py --sets clustered-1m-768 --metrics l2
+    python benchmarks/bench_recall.py --sets clustered-1m-256 --metrics cosine \
+        --stem recall-targets-1m
     python benchmarks/bench_recall.py --quick --out /tmp/recall      # smoke run
 
 Per set and metric:
@@ -27,7 +28,7 @@ Per set and metric:
 PASS per set: default recall >= 0.95 in RAM and on disk, and every target
 within +-0.02 of its measured recall.
 
-Writes benchmarks/results/recall-targets.{json,md} (--out to change).
+Writes benchmarks/results/recall-targets.{json,md} (--out, --stem to change).
 """
 from __future__ import annotations
 
@@ -247,6 +248,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="clustered-20k-64, cosine only")
     ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--stem", default="recall-targets", help="result file names (.json, .md)")
     ap.add_argument("--machine-label", default=os.environ.get(
         "KNNDIRECT_BENCH_MACHINE", "2-core VM, shared"))
     args = ap.parse_args(argv)
@@ -269,14 +271,14 @@ def main(argv=None):
         for spec in [s for s in args.sets.split(",") if s]:
             for metric in [m for m in args.metrics.split(",") if m]:
                 res["sets"].append(bench_one(spec, metric, args, scratch, cg))
-                write_result(res, args.out, "recall-targets", markdown)
+                write_result(res, args.out, args.stem, markdown)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if cg:
             cg.remove()
     res["pass"] = all(e["pass"] for e in res["sets"])
-    write_result(res, args.out, "recall-targets", markdown)
-    log(f"{'PASS' if res['pass'] else 'FAIL'}; wrote {args.out}/recall-targets.md")
+    write_result(res, args.out, args.stem, markdown)
+    log(f"{'PASS' if res['pass'] else 'FAIL'}; wrote {args.out}/{args.stem}.md")
 
 
 if __name__ == "__main__":
