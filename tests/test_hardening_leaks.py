@@ -252,7 +252,12 @@ def test_binding_under_leak_sanitizer(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     reports = "".join(open(p).read() for p in tmp_path.glob("lsan*"))
     # Full stacks (slow unwinding through CPython's frames): a leak is ours
-    # when a frame lies in the extension or the C core.
+    # when a frame lies in the extension or the C core. Not what the module's
+    # import sets up once (PyInit__core: its static types' method tables,
+    # which CPython keeps until exit and does not free): that does not grow
+    # with use, and how much of it LeakSanitizer sees depends on whether a
+    # table outgrows CPython's small-object pools.
     ours = [block for block in reports.split("\n\n")
-            if "leak of" in block and ("knndirect/_core." in block or "csrc/" in block)]
+            if "leak of" in block and ("knndirect/_core." in block or "csrc/" in block)
+            and "PyInit__core" not in block]
     assert not ours, "leaks through knndirect:\n" + "\n\n".join(ours)[:6000]
