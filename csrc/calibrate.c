@@ -12,7 +12,7 @@
 /* Sums over queries: per shortlist length, hits and each query's recall
  * (and its square); per query, the rest. */
 struct sweep_sums {
-    uint64_t *hits, truths, queries, scored, skipped;
+    uint64_t *hits, truths, queries, scored;
     double *sum, *sum2;
 };
 
@@ -113,10 +113,8 @@ static int sweep_query(struct sweep_run *r, struct kd_search_ctx *c, struct swee
         if (row != KD_NO_ROW)
             w->truth[nt++] = row;
     }
-    if (hidden == ix->graph.entry || nt == 0) {
-        t->skipped++;
-        return 0;
-    }
+    if (hidden == ix->graph.entry || nt == 0)
+        return 0; /* left out */
     /* The oversample whose shortlist is `most` rows, clipped below. */
     struct kd_search_params sp = {k, sw->ef, (double)most / (double)k, 0, 0, 1, NULL, 0};
     const struct kd_heap_item *res;
@@ -152,7 +150,7 @@ static void *sweep_worker(void *arg)
     size_t nl = r->sw->nlens;
     struct kd_search_ctx *c = kd_search_ctx_get(ix);
     struct sweep_worker w = {NULL, NULL, NULL, NULL};
-    struct sweep_sums t = {calloc(nl, sizeof *t.hits), 0, 0, 0, 0, calloc(nl, sizeof *t.sum),
+    struct sweep_sums t = {calloc(nl, sizeof *t.hits), 0, 0, 0, calloc(nl, sizeof *t.sum),
                            calloc(nl, sizeof *t.sum2)};
     int err = c && t.hits && t.sum && t.sum2 ? worker_alloc(ix, r->sw->lens[nl - 1], r->sw->k, &w)
                                              : kd_fail(-ENOMEM, "out of memory for a calibration");
@@ -172,7 +170,6 @@ static void *sweep_worker(void *arg)
     r->t.truths += t.truths;
     r->t.queries += t.queries;
     r->t.scored += t.scored;
-    r->t.skipped += t.skipped;
     pthread_mutex_unlock(&r->lock);
     if (c) {
         memset(&c->st, 0, sizeof c->st); /* calibration is not the user's traffic */
@@ -218,7 +215,6 @@ int kd_index_recall_sweep(struct kd_index *ix, struct kd_sweep *sw)
     }
     sw->scored = nq ? (double)r.t.scored / nq : 0;
     sw->nqueries = (size_t)r.t.queries;
-    sw->nskipped = (size_t)r.t.skipped;
 out:
     free(r.t.hits);
     free(r.t.sum);

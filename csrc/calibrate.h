@@ -16,7 +16,7 @@ struct kd_sweep {
     size_t nq;
     /* Per query, an id searched as if it had never been added (a query made
      * of that vector, asked as an unseen one would be); -1 none; NULL: none.
-     * A query hiding the graph's entry node is left out (nskipped). */
+     * A query hiding the graph's entry node is left out of nqueries. */
     const int64_t *hidden;
     const int64_t *truth; /* nq x k ids, -1 where a query has fewer */
     size_t k, ef;
@@ -27,8 +27,7 @@ struct kd_sweep {
     double *recall;  /* nlens: true neighbours found / true neighbours */
     double *spread;  /* nlens: standard deviation of a query's recall */
     double scored;   /* code distances the graph search computed, mean per query */
-    size_t nqueries; /* queries measured (with a true neighbour, not skipped) */
-    size_t nskipped;
+    size_t nqueries; /* queries measured (with a true neighbour, not left out) */
 };
 
 /* 0 or -errno: -EINVAL for bad lengths, -ESRCH for a hidden id not live. */

@@ -668,7 +668,6 @@ static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
                           PyArray_DATA((PyArrayObject *)recall),
                           PyArray_DATA((PyArrayObject *)spread),
                           0,
-                          0,
                           0};
     Py_BEGIN_ALLOW_THREADS err = kd_index_recall_sweep(ix, &sw);
     Py_END_ALLOW_THREADS if (!err)
