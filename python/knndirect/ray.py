@@ -27,7 +27,8 @@ from ray.exceptions import RayActorError
 
 from ._collection import (Collection, _encode_manifest, _fsync_dir, _read_json_manifest,
                           _write_durable, parse_bytes)
-from ._index import TRAIN_SAMPLE, Index, _progress_callback, _search_args, load
+from ._index import (TRAIN_SAMPLE, Index, _progress_callback, _recall_target, _search_args,
+                     load)
 from .datasets import _arrow_matrix
 
 __all__ = ["build", "open", "ShardedIndex", "ShardError", "ShardTimeoutError",
@@ -384,8 +385,8 @@ class ShardedIndex:
             self._inflight[(shard, r)] -= 1
 
     def search(self, queries, k=10, *, timeout=None, allow_partial=False, ef=None,
-               oversample=None, rerank=True, filter=None, exact=False, threads=None,
-               output="numpy"):
+               oversample=None, recall=None, rerank=True, filter=None, exact=False,
+               threads=None, output="numpy"):
         """Search every shard once with the whole batch and merge the global
         top k by distance. Options and results are those of
         :meth:`knndirect.Collection.search`, plus:
@@ -401,6 +402,10 @@ class ShardedIndex:
             "arrow": a pyarrow Table with list columns ``ids`` and
             ``distances``, one row per query (for ``ray.data`` pipelines).
 
+        A recall target goes to every shard, which picks its own beam and
+        shortlist for it: each of the global top k is in its shard's top k,
+        which that shard finds with the target's recall.
+
         A shard replica that dies mid-query is retried (Ray restarts it, or
         another replica answers); a shard that cannot answer raises
         :class:`ShardUnavailableError`, unless allow_partial.
@@ -414,8 +419,9 @@ class ShardedIndex:
                 raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         single, q, _ = _search_args(queries, self._dim, k, ef, oversample, rerank, exact,
                                     threads, filter)
+        _recall_target(recall, ef, oversample)     # bad values raise here, not in a shard
         k = int(k)
-        options = {"ef": ef, "oversample": oversample, "rerank": bool(rerank),
+        options = {"ef": ef, "oversample": oversample, "recall": recall, "rerank": bool(rerank),
                    "filter": None if filter is None else np.asarray(filter, np.int64),
                    "exact": bool(exact), "threads": threads}
         deadline = None if timeout is None else time.monotonic() + timeout
