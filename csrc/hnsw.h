@@ -17,7 +17,7 @@ struct kd_graph {
     uint32_t *level0; /* per node: [n, nbr * m0] */
     uint8_t *levels;  /* top level of each node */
     uint32_t **upper; /* per node with level > 0: level * [n, nbr * m] */
-    uint8_t *locks;   /* per-node spin locks, build only */
+    uint8_t *locks;   /* per-node list change counts, build only (hnsw.c) */
     int owns;         /* arrays are heap-owned (not mapped) */
     uint32_t entry;
     int max_level;
