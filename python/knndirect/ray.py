@@ -25,6 +25,11 @@ import numpy as np
 import ray
 from ray.exceptions import RayActorError
 
+try:
+    from ray.exceptions import ActorUnavailableError
+except ImportError:                                # Ray before 2.31
+    ActorUnavailableError = ()
+
 from ._collection import (Collection, _encode_manifest, _fsync_dir, _read_json_manifest,
                           _write_durable, parse_bytes)
 from ._index import (TRAIN_SAMPLE, Index, _progress_callback, _recall_target, _search_args,
@@ -38,6 +43,9 @@ FORMAT = "knndirect-ray"
 VERSION = 1
 MANIFEST = "manifest.json"
 QUANTIZER = "quantizer.kdx"
+# How long a search waits for a shard's actor that Ray is restarting, when
+# the search has no timeout of its own; asked again with a growing pause.
+RESTART_WAIT = 60.0
 _OWNED = re.compile(r"^(shard-\d{4,}|quantizer\.kdx|manifest\.json)(\.tmp.*)?$")
 _INDEX_PARAMS = ("m", "ef_construction", "quantization", "seed")
 
@@ -430,6 +438,9 @@ class ShardedIndex:
         tried = {s: set() for s in range(nshards)}
         attempts = {s: 0 for s in range(nshards)}
         running = {}
+        later = {}                                 # shard -> when to ask it again
+        patience = {}                              # shard -> waiting for a restart until
+        pauses = {s: 0 for s in range(nshards)}
 
         def submit(s):
             r = self._pick(s, tried[s])
@@ -441,11 +452,22 @@ class ShardedIndex:
             submit(s)
         results, dead, errors = {}, [], {}
         try:
-            while running:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            while running or later:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    break
+                for s in [s for s, at in later.items() if at <= now]:
+                    del later[s]
+                    submit(s)
+                wake = [deadline] if deadline is not None else []
+                wake += list(later.values())
+                left = max(0.0, min(wake) - now) if wake else None
+                if not running:
+                    time.sleep(left)
+                    continue
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=left)
                 if not ready:
-                    break                          # the deadline passed
+                    continue                       # a resubmission is due, or the deadline
                 ref = ready[0]
                 s, r = running.pop(ref)
                 self._done(s, r)
@@ -453,17 +475,26 @@ class ShardedIndex:
                     results[s] = ray.get(ref)
                 except RayActorError as e:
                     errors[s] = e
-                    if attempts[s] <= self._retries:
-                        with self._lock:
-                            self._retried += 1
+                    now = time.monotonic()
+                    if isinstance(e, ActorUnavailableError) and \
+                            now < patience.setdefault(s, now + RESTART_WAIT):
+                        # Restarting: ask again after a pause that grows,
+                        # without spending one of the retries.
+                        attempts[s] -= 1
+                        pauses[s] += 1
+                        later[s] = now + min(2.0, 0.05 * 2 ** pauses[s])
+                    elif attempts[s] <= self._retries:
                         submit(s)
                     else:
                         dead.append(s)
+                        continue
+                    with self._lock:
+                        self._retried += 1
         except BaseException:
             for ref in running:
                 ray.cancel(ref)
             raise
-        late = sorted(s for s, _ in running.values())
+        late = sorted({s for s, _ in running.values()} | set(later))
         for ref, (s, r) in running.items():
             ray.cancel(ref)
             self._done(s, r)
