@@ -128,6 +128,12 @@ def missing_reason(spec, n_queries):
                 f"with `python benchmarks/embed_wordnet.py --out "
                 f"{folder.relative_to(REPO)}{subset}` (about half an hour of CPU) or rerun "
                 "with --make-missing")
+    if spec in bench_data.DICT_SETS:
+        folder = bench_data.DATA / spec
+        if (folder / "vectors.npy").exists():
+            return None
+        return (f"no embeddings at {folder.relative_to(REPO)}/vectors.npy; make them with "
+                f"`python benchmarks/embed_texts.py {spec}` or rerun with --make-missing")
     if not Path(spec).exists():
         return f"{spec}: not a named set nor an existing file"
     return None

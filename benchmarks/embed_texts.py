@@ -40,7 +40,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from embed_wordnet import WORDNET_DIR, PARTS, encode_resumable, subset_rows  # noqa: E402
+from embed_wordnet import WORDNET_DIR, encode_resumable, read_synsets, subset_rows  # noqa: E402
 
 DATA = HERE / "data"
 DICTD = {name: Path(f"/usr/share/dictd/{name}.dict.dz") for name in ("gcide", "foldoc")}
@@ -72,24 +72,9 @@ def dictd_sentences(name):
 
 def wordnet_texts(wordnet_dir=WORDNET_DIR):
     """Each synset's 'lemma: definition', then its quoted examples."""
-    for part in PARTS:
-        path = Path(wordnet_dir) / f"data.{part}"
-        if not path.exists():
-            raise FileNotFoundError(f"{path} is missing: install Debian's wordnet-base "
-                                    "(apt-get install -y wordnet-base)")
-        with open(path, encoding="latin-1") as f:
-            for line in f:
-                if line.startswith("  ") or "|" not in line:
-                    continue  # licence header
-                head, gloss = line.split("|", 1)
-                fields = head.split()
-                lemma = re.sub(r"\([a-z]+\)$", "", fields[4]).replace("_", " ") \
-                    if int(fields[3], 16) else ""
-                definition, *examples = gloss.split('; "')
-                definition = definition.strip().rstrip(";").strip()
-                yield f"{lemma}: {definition}" if lemma else definition
-                for ex in examples:
-                    yield ex.strip().rstrip(";").strip().strip('"')
+    for _, _, text, examples in read_synsets(wordnet_dir):
+        yield text
+        yield from examples
 
 
 def corpus():

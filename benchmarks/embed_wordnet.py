@@ -32,8 +32,10 @@ PARTS = ("noun", "verb", "adj", "adv")
 CHUNK = 4096
 
 
-def read_glosses(wordnet_dir=WORDNET_DIR):
-    """Yield (part, offset, text) for every synset in WordNet's data files."""
+def read_synsets(wordnet_dir=WORDNET_DIR):
+    """Yield (part, offset, "lemma: definition", [quoted examples]) for every
+    synset in WordNet's data files (the text is "" where a synset has no
+    definition)."""
     for part in PARTS:
         path = Path(wordnet_dir) / f"data.{part}"
         if not path.exists():
@@ -46,14 +48,21 @@ def read_glosses(wordnet_dir=WORDNET_DIR):
                     continue  # licence header
                 head, gloss = line.split("|", 1)
                 fields = head.split()
-                offset = fields[0]
                 n_words = int(fields[3], 16)
                 lemma = fields[4] if n_words else ""
                 lemma = re.sub(r"\([a-z]+\)$", "", lemma).replace("_", " ")
-                definition = gloss.split('; "', 1)[0].strip().rstrip(";").strip()
-                if not definition:
-                    continue
-                yield part, offset, f"{lemma}: {definition}" if lemma else definition
+                definition, *examples = gloss.split('; "')
+                definition = definition.strip().rstrip(";").strip()
+                text = f"{lemma}: {definition}" if lemma and definition else definition
+                yield part, fields[0], text, [e.strip().rstrip(";").strip().strip('"')
+                                              for e in examples]
+
+
+def read_glosses(wordnet_dir=WORDNET_DIR):
+    """Yield (part, offset, text) for every synset in WordNet's data files."""
+    for part, offset, text, _ in read_synsets(wordnet_dir):
+        if text:
+            yield part, offset, text
 
 
 def unique_texts(records):
