@@ -6,11 +6,14 @@ give at least 0.95, and what does the calibration cost?
     python benchmarks/bench_recall.py --sets clustered-1m-256 --metrics cosine \
         --stem recall-targets-1m
     python benchmarks/bench_recall.py --quick --out /tmp/recall      # smoke run
+    python benchmarks/bench_recall.py --sets clustered-1m-768 --metrics l2 \
+        --quantization 1bit,1bit+4bit --stem refine-1m-768           # the refinement A/B
 
 Per set and metric:
 
-1. Build with the defaults (kd.Index(dim, metric).add(x, threads=2)), in
-   this process. The add holds 200 of its vectors out, measures the
+1. Build with the defaults (kd.Index(dim, metric).add(x, threads=2); with
+   --quantization, once per code type, each a row of its own), in this
+   process. The add holds 200 of its vectors out, measures the
    calibration on them, and inserts them last; the calibration's own
    seconds (info()["calibration"]["seconds"]) are reported against the
    build's wall time, the rest of the add.
@@ -104,7 +107,7 @@ def cost_check(index, queries, truth, k, ef):
     knndirect/_calibration.py), measured here on one thread: nanoseconds
     per code distance of the graph search, and per re-scored row in RAM."""
     q = np.ascontiguousarray(queries)
-    _, _, scored, _ = index._core.recall_sweep(q, None, np.ascontiguousarray(
+    _, _, scored, _, _ = index._core.recall_sweep(q, None, np.ascontiguousarray(
         truth[:, :k], np.int64).ravel(), k, ef, np.array([k], np.int64), 1)
     index.stats(reset=True)
     index.search(q, k, ef=ef, oversample=1, rerank=False, threads=1)
@@ -147,15 +150,15 @@ def run_disk(index_path, queries_path, truth_path, k, repeats, cgroup):
     return res
 
 
-def bench_one(spec, metric, args, scratch, cg):
+def bench_one(spec, metric, quantization, args, scratch, cg):
     import knndirect as kd
     ds = bench_data.resolve(spec, n_queries=args.queries, metric=metric, k=args.k)
     base = bench_data.load_base(ds.to_json())
     queries = bench_data.load_queries(ds.to_json())
     truth = np.load(ds.gt_path)
-    log(f"{spec} {metric}: {base.shape[0]:,} x {base.shape[1]}, {len(queries)} queries "
-        f"(load {loadavg()})")
-    index = kd.Index(base.shape[1], metric)
+    log(f"{spec} {metric} {quantization}: {base.shape[0]:,} x {base.shape[1]}, "
+        f"{len(queries)} queries (load {loadavg()})")
+    index = kd.Index(base.shape[1], metric, quantization=quantization)
     t = time.perf_counter()
     index.add(base, threads=args.threads)
     add_s = time.perf_counter() - t
@@ -163,7 +166,8 @@ def bench_one(spec, metric, args, scratch, cg):
     build_s = add_s - cal["seconds"]
     log(f"  build {build_s:.1f} s + calibration {cal['seconds']:.2f} s "
         f"({100 * cal['seconds'] / build_s:.1f}% of the build), ladder ef {cal['ef']}")
-    entry = {"set": spec, "metric": metric, "n": int(base.shape[0]), "dim": int(base.shape[1]),
+    entry = {"set": spec, "metric": metric, "quantization": quantization,
+             "n": int(base.shape[0]), "dim": int(base.shape[1]),
              "build_s": build_s, "calibration_s": cal["seconds"],
              "calibration_share": cal["seconds"] / build_s, "ladder_ef": cal["ef"],
              "shortlists": cal["shortlist"]}
@@ -172,10 +176,11 @@ def bench_one(spec, metric, args, scratch, cg):
                                      entry["memory"]["default"]["ef"])
     log("  cost model: {ns_per_code_distance:.0f} ns a code distance, "
         "{rescore_ns_per_row:.0f} ns a re-scored row in RAM".format(**entry["cost_model"]))
-    path = scratch / f"{spec}-{metric}.kdx"
+    path = scratch / f"{spec}-{metric}-{quantization}.kdx"
     index.save(path)
     data_bytes = base.nbytes
     resident = index.info()["resident_bytes"]
+    entry["resident_bytes"] = resident
     index.close()
     del base
     qpath, tpath = scratch / "q.npy", scratch / "t.npy"
@@ -214,9 +219,9 @@ def markdown(res):
              "with O_DIRECT in a child process in a memory cgroup capped at 1/4 of the "
              "float32 vectors, page cache dropped first. QPS: one search thread, median "
              "of 3 passes. Rows: re-ranked per query (on disk each is a read).", "",
-             "| set | metric | build s | calibration s (share) | where | default | "
+             "| set | metric | codes | build s | calibration s (share) | where | default | "
              "recall=0.90 | recall=0.95 | recall=0.98 | PASS |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for e in res["sets"]:
         for where in ("memory", "disk"):
             r = e[where]
@@ -226,9 +231,10 @@ def markdown(res):
                 cells = [f"{r[n]['recall']:.4f} (ef {r[n]['ef']}, os {r[n]['oversample']:g}, "
                          f"{r[n]['qps']:,.0f} q/s, {r[n]['reranked_per_query']:.0f} rows)"
                          for n in ("default", "0.90", "0.95", "0.98")]
-            head = (f"| {e['set']} | {e['metric']} | {e['build_s']:.1f} | "
+            head = (f"| {e['set']} | {e['metric']} | {e.get('quantization', '1bit')} | "
+                    f"{e['build_s']:.1f} | "
                     f"{e['calibration_s']:.2f} ({100 * e['calibration_share']:.1f}%) | "
-                    if where == "memory" else "| | | | | ")
+                    if where == "memory" else "| | | | | | ")
             lines.append(head + f"{where} | " + " | ".join(cells) +
                          (f" | {'PASS' if e['pass'] else 'FAIL'} |" if where == "memory"
                           else " | |"))
@@ -242,6 +248,8 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", default="minilm-wordnet,clustered-100k-384,clustered-100k-768")
     ap.add_argument("--metrics", default="cosine,l2,ip")
+    ap.add_argument("--quantization", default="1bit",
+                    help="code types, comma-separated: a build and a row each")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--k", type=int, default=10)
@@ -270,8 +278,9 @@ def main(argv=None):
     try:
         for spec in [s for s in args.sets.split(",") if s]:
             for metric in [m for m in args.metrics.split(",") if m]:
-                res["sets"].append(bench_one(spec, metric, args, scratch, cg))
-                write_result(res, args.out, args.stem, markdown)
+                for quantization in [q for q in args.quantization.split(",") if q]:
+                    res["sets"].append(bench_one(spec, metric, quantization, args, scratch, cg))
+                    write_result(res, args.out, args.stem, markdown)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if cg:

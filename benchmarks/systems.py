@@ -24,6 +24,9 @@ KD_EF = [16, 24, 32, 48, 64, 96, 128, 192, 256]
 KD_EF_QUICK = [16, 32, 64, 128]
 KD_OVERSAMPLE = [1, 2, 3, 5, 10]
 KD_OVERSAMPLE_QUICK = [2, 5, 10]
+# Refined codes put the answer at the front: shortlists of 1-3 x k, wider beams.
+KD_REFINED_EF = [32, 48, 64, 96, 128, 192, 256, 384]
+KD_REFINED_OVERSAMPLE = [1, 1.5, 2, 3]
 
 
 def _move_into(built, folder):
@@ -97,10 +100,13 @@ class Knndirect(System):
         self.kd = knndirect
         return knndirect.__version__
 
+    quantization = "1bit"
+
     def build(self, x, threads):
         c = self.cfg
         index = self.kd.Index(c["dim"], c["metric"], m=c["m"],
-                              ef_construction=c["ef_construction"])
+                              ef_construction=c["ef_construction"],
+                              quantization=self.quantization)
         index.add(x, threads=threads)
         return index
 
@@ -156,6 +162,31 @@ class KnndirectDisk(Knndirect):
         oss = [2, 5] if self.cfg["quick"] else [2, 3, 5, 10]
         out += [{"ef": ef, "oversample": os_} for os_ in oss for ef in efs if ef >= k]
         return out
+
+
+class KnndirectRefined(Knndirect):
+    name = "knndirect-refined"
+    quantization = "1bit+4bit"
+    note = ("in RAM (kd.load), quantization=\"1bit+4bit\": the beam's best re-ordered by "
+            "4-bit codes before the float32 rerank")
+
+    def points(self):
+        k = self.cfg["k"]
+        efs, oss = KD_REFINED_EF, KD_REFINED_OVERSAMPLE
+        if self.cfg["quick"]:
+            efs, oss = efs[::2], oss[1:3]
+        out = [{"ef": None, "oversample": None, "default": True}]
+        out += [{"ef": ef, "oversample": os_} for os_ in oss for ef in efs if ef >= k]
+        return out
+
+
+class KnndirectRefinedDisk(KnndirectRefined):
+    name = "knndirect-refined-disk"
+    builds_as = "knndirect-refined"
+    note = ("opened (kd.open), quantization=\"1bit+4bit\": graph + both codes in RAM, "
+            "float32 rerank by O_DIRECT batch reads")
+    opened_info = None
+    load = KnndirectDisk.load
 
 
 class Hnswlib(System):
@@ -687,7 +718,7 @@ class LanceDB(System):
 
 
 SYSTEMS = {cls.name: cls for cls in
-           (Knndirect, KnndirectDisk, Hnswlib, FaissHNSW, FaissHNSWSQ8, FaissRaBitQ,
+           (Knndirect, KnndirectDisk, KnndirectRefined, KnndirectRefinedDisk, Hnswlib, FaissHNSW, FaissHNSWSQ8, FaissRaBitQ,
             FaissIVFRaBitQ, Usearch, DiskANN, ScaNN, Voyager, LanceDB)}
 PEERS = ("hnswlib", "faiss-hnsw", "faiss-hnsw-sq8", "faiss-rabitq", "faiss-ivf-rabitq",
          "usearch", "diskann", "scann", "voyager")

@@ -12,7 +12,7 @@
 /* Sums over queries: per shortlist length, hits and each query's recall
  * (and its square); per query, the rest. */
 struct sweep_sums {
-    uint64_t *hits, truths, queries, scored;
+    uint64_t *hits, truths, queries, scored, refined;
     double *sum, *sum2;
 };
 
@@ -119,11 +119,13 @@ static int sweep_query(struct sweep_run *r, struct kd_search_ctx *c, struct swee
     struct kd_search_params sp = {k, sw->ef, (double)most / (double)k, 0, 0, 1, NULL, 0};
     const struct kd_heap_item *res;
     size_t n;
-    uint64_t before = c->s.scored;
+    uint64_t before = c->s.scored, refined = c->st.refined;
     int err = kd_query_graph_hiding(ix, c, sw->q + i * ix->p.dim, &sp, hidden, &res, &n);
     if (err)
         return err;
     t->scored += c->s.scored - before;
+    /* A search with a shortlist of at most ef refines as many. */
+    t->refined += c->st.refined - refined;
     n = n < most ? n : most;
     if ((err = fetch(ix, w, res, n)))
         return err;
@@ -150,7 +152,7 @@ static void *sweep_worker(void *arg)
     size_t nl = r->sw->nlens;
     struct kd_search_ctx *c = kd_search_ctx_get(ix);
     struct sweep_worker w = {NULL, NULL, NULL, NULL};
-    struct sweep_sums t = {calloc(nl, sizeof *t.hits), 0, 0, 0, calloc(nl, sizeof *t.sum),
+    struct sweep_sums t = {calloc(nl, sizeof *t.hits), 0, 0, 0, 0, calloc(nl, sizeof *t.sum),
                            calloc(nl, sizeof *t.sum2)};
     int err = c && t.hits && t.sum && t.sum2 ? worker_alloc(ix, r->sw->lens[nl - 1], r->sw->k, &w)
                                              : kd_fail(-ENOMEM, "out of memory for a calibration");
@@ -170,6 +172,7 @@ static void *sweep_worker(void *arg)
     r->t.truths += t.truths;
     r->t.queries += t.queries;
     r->t.scored += t.scored;
+    r->t.refined += t.refined;
     pthread_mutex_unlock(&r->lock);
     if (c) {
         memset(&c->st, 0, sizeof c->st); /* calibration is not the user's traffic */
@@ -214,6 +217,7 @@ int kd_index_recall_sweep(struct kd_index *ix, struct kd_sweep *sw)
         sw->spread[l] = var > 0 ? sqrt(var) : 0;
     }
     sw->scored = nq ? (double)r.t.scored / nq : 0;
+    sw->refined = nq ? (double)r.t.refined / nq : 0;
     sw->nqueries = (size_t)r.t.queries;
 out:
     free(r.t.hits);

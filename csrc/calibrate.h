@@ -27,6 +27,7 @@ struct kd_sweep {
     double *recall;  /* nlens: true neighbours found / true neighbours */
     double *spread;  /* nlens: standard deviation of a query's recall */
     double scored;   /* code distances the graph search computed, mean per query */
+    double refined;  /* candidates re-estimated with refinements, mean per query */
     size_t nqueries; /* queries measured (with a true neighbour, not left out) */
 };
 

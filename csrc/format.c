@@ -83,7 +83,7 @@ static const char *section_name(uint32_t id)
 {
     static const char *names[] = {"?",       "metadata",     "ids",           "tombstones",
                                   "codes",   "graph levels", "graph level 0", "graph upper levels",
-                                  "vectors", "calibration"};
+                                  "vectors", "calibration",  "refinements"};
     return id < sizeof names / sizeof *names ? names[id] : "unknown";
 }
 

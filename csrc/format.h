@@ -53,6 +53,7 @@ enum kd_section_id {
     KD_SEC_UPPER = 7,
     KD_SEC_VECTORS = 8,
     KD_SEC_CALIBRATION = 9, /* format 2: opaque to the core, kept for the Python layer */
+    KD_SEC_REFINE = 10,     /* refinements of the codes (quantization "1bit+4bit") */
 };
 
 struct kd_section {

@@ -39,7 +39,26 @@ double kd_default_oversample(int quantization, uint32_t dim)
     return 8.0;
 }
 
-int kd_valid_quantization(uint32_t q) { return q == KD_Q_1BIT || q == KD_Q_4BIT || q == KD_Q_8BIT; }
+int kd_valid_quantization(uint32_t q)
+{
+    return q == KD_Q_1BIT || q == KD_Q_4BIT || q == KD_Q_8BIT || q == KD_Q_1BIT_4BIT;
+}
+
+const char *kd_quantization_name(int q)
+{
+    switch (q) {
+    case KD_Q_1BIT:
+        return "1bit";
+    case KD_Q_4BIT:
+        return "4bit";
+    case KD_Q_8BIT:
+        return "8bit";
+    case KD_Q_1BIT_4BIT:
+        return "1bit+4bit";
+    default:
+        return "?";
+    }
+}
 
 void kd_index_stats_add(struct kd_index *ix, const struct kd_stats *s)
 {
@@ -104,13 +123,14 @@ int kd_index_create(struct kd_index **out, const struct kd_index_params *p)
     int err = kd_index_alloc(&ix, p);
     if (err)
         return err;
-    err = kd_quant_init(&ix->quant, (uint32_t)p->quantization, p->dim, p->metric, 1, NULL, NULL,
-                        p->seed);
+    err = kd_quant_init(&ix->quant, kd_q_bits(p->quantization), kd_q_refine(p->quantization),
+                        p->dim, p->metric, 1, NULL, NULL, p->seed);
     if (err) {
         kd_index_free(ix);
         return err;
     }
     ix->estimate = kd_estimator(&ix->quant);
+    ix->refine = kd_refiner(&ix->quant);
     *out = ix;
     return 0;
 }
@@ -129,6 +149,7 @@ void kd_index_free(struct kd_index *ix)
         munmap(ix->map, ix->map_len);
     } else {
         free(ix->codes);
+        free(ix->refined);
         free(ix->ids);
     }
     kd_graph_free(&ix->graph);
@@ -242,6 +263,13 @@ int kd_index_grow(struct kd_index *ix, uint64_t need)
     uint8_t *c = realloc(ix->codes, cap * ix->quant.code_size);
     if (c)
         ix->codes = c;
+    if (c && ix->quant.refine_size) {
+        uint8_t *r = realloc(ix->refined, cap * ix->quant.refine_size);
+        if (r)
+            ix->refined = r;
+        else
+            c = NULL;
+    }
     int64_t *id = realloc(ix->ids, cap * sizeof(int64_t));
     if (id)
         ix->ids = id;
@@ -287,7 +315,8 @@ static void *encode_worker(void *arg)
                     tmp[t] = v[t] * ix->inv_norms[i];
                 v = tmp;
             }
-            kd_quant_encode(&ix->quant, v, ix->codes + i * ix->quant.code_size, work);
+            kd_quant_encode(&ix->quant, v, ix->codes + i * ix->quant.code_size,
+                            ix->refined ? ix->refined + i * ix->quant.refine_size : NULL, work);
         }
     }
     free(work);
@@ -607,7 +636,8 @@ void kd_index_vector_layout(const struct kd_index *ix, size_t *alignment, size_t
 static uint64_t resident_bytes(const struct kd_index *ix)
 {
     uint64_t n = ix->count, b = 0;
-    b += n * ix->quant.code_size + n * sizeof(int64_t) + n; /* codes, ids, levels */
+    b += n * (ix->quant.code_size + ix->quant.refine_size); /* codes, refinements */
+    b += n * sizeof(int64_t) + n;                           /* ids, levels */
     b += n * (1 + ix->graph.m0) * sizeof(uint32_t);         /* level 0 */
     b += n * sizeof(uint32_t *) + n;                        /* upper pointers, tombstones */
     for (uint64_t i = 0; i < n; i++)
@@ -634,7 +664,7 @@ void kd_index_info(struct kd_index *ix, struct kd_info *info)
     info->loaded_from_file = ix->loaded_from_file;
     info->path = ix->path;
     info->record_size = ix->record_stride;
-    info->code_size = ix->quant.code_size;
+    info->code_size = ix->quant.code_size + ix->quant.refine_size;
     info->resident_bytes = resident_bytes(ix);
     if (ix->vio)
         kd_vecio_get_info(ix->vio, &info->io);

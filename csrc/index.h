@@ -19,7 +19,14 @@
 #include "vecio.h"
 
 /* The code width in bits names the quantization. */
-enum kd_quantization { KD_Q_1BIT = 1, KD_Q_4BIT = 4, KD_Q_8BIT = 8 };
+/* The low nibble is the width of the codes the beam scores, the high one
+ * that of the refinement re-ordering the beam's best (quant.h). */
+enum kd_quantization { KD_Q_1BIT = 1, KD_Q_4BIT = 4, KD_Q_8BIT = 8, KD_Q_1BIT_4BIT = 0x41 };
+
+static inline unsigned kd_q_bits(int quantization) { return (unsigned)quantization & 15; }
+static inline unsigned kd_q_refine(int quantization) { return (unsigned)quantization >> 4; }
+/* "1bit", "4bit", "8bit" or "1bit+4bit". */
+const char *kd_quantization_name(int quantization);
 
 struct kd_index_params {
     uint32_t dim;
@@ -52,6 +59,7 @@ struct kd_stats {
     uint64_t queries, read_ops, read_bytes, rerank_vectors;
     uint64_t io_wait_ns, graph_ns, rerank_ns, exact_queries;
     uint64_t early_reads, early_unused; /* read while the beam ran; of them, not shortlisted */
+    uint64_t refined;                   /* candidates re-estimated with refined codes */
 };
 
 struct kd_info {

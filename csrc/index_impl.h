@@ -57,11 +57,13 @@ struct kd_index {
     int adopted; /* the quantizer came from another index: train leaves it */
     const struct kd_kernels *kern;
     kd_estimate_fn estimate;
+    kd_refine_fn refine; /* with refinements: their estimate; else NULL */
 
     uint64_t count, cap, live;
     float *vectors;   /* in memory: count x dim */
     float *inv_norms; /* cosine, in memory */
     uint8_t *codes;
+    uint8_t *refined; /* a refinement per code (quant.h), or NULL */
     int64_t *ids;
     uint8_t *deleted; /* one byte per slot, always heap-owned */
     struct kd_graph graph;

@@ -612,7 +612,10 @@ static void *pass_worker(void *arg)
             }
             uint8_t *code = m->out->codes + (size_t)o * q->code_size;
             if (reencode)
-                kd_quant_encode(q, v, code, work);
+                kd_quant_encode(q, v, code,
+                                q->refine_size ? m->out->refined + (size_t)o * q->refine_size
+                                               : NULL,
+                                work);
             if (!j->encode)
                 bc->centre[o] = (uint16_t)kd_quant_centre_of(q, code);
             const float *c = bc->centres + (size_t)bc->centre[o] * d;
@@ -1197,9 +1200,9 @@ static int check_inputs(struct kd_index **in, size_t n)
             return kd_fail(-EINVAL, "cannot merge %s and %s indexes (inputs 0 and %zu)",
                            kd_metric(p->metric)->name, kd_metric(q->metric)->name, i);
         if (q->quantization != p->quantization)
-            return kd_fail(-EINVAL,
-                           "cannot merge %d-bit and %d-bit quantization (inputs 0 and %zu)",
-                           p->quantization, q->quantization, i);
+            return kd_fail(-EINVAL, "cannot merge %s and %s quantization (inputs 0 and %zu)",
+                           kd_quantization_name(p->quantization),
+                           kd_quantization_name(q->quantization), i);
         if (q->m != p->m)
             return kd_fail(-EINVAL, "cannot merge graphs of m=%u and m=%u (inputs 0 and %zu)", p->m,
                            q->m, i);
@@ -1264,14 +1267,17 @@ static int make_output(struct merge *m, uint64_t total)
     if ((err = kd_quant_copy(&out->quant, &base->quant)))
         return err;
     out->estimate = kd_estimator(&out->quant);
+    out->refine = kd_refiner(&out->quant);
     out->trained = 1;
     out->record_stride = base->record_stride;
     uint64_t rows = total ? total : 1;
-    size_t cs = out->quant.code_size;
+    size_t cs = out->quant.code_size, rs = out->quant.refine_size;
     out->ids = malloc(rows * sizeof(int64_t));
     out->codes = malloc(rows * cs);
+    out->refined = rs ? malloc(rows * rs) : NULL;
     out->deleted = calloc(rows, 1);
-    if (!out->ids || !out->codes || !out->deleted || kd_graph_reserve(&out->graph, rows))
+    if (!out->ids || !out->codes || (rs && !out->refined) || !out->deleted ||
+        kd_graph_reserve(&out->graph, rows))
         return kd_fail(-ENOMEM, "out of memory for the merged index (%llu rows)",
                        (unsigned long long)total);
     memset(out->graph.upper, 0, rows * sizeof(uint32_t *));
@@ -1288,8 +1294,11 @@ static int make_output(struct merge *m, uint64_t total)
             if (o == KD_NONE)
                 continue;
             out->ids[o] = ix->ids[r];
-            if (in->same_quant)
-                memcpy(out->codes + (size_t)o * cs, ix->codes + (size_t)r * cs, cs);
+            if (!in->same_quant)
+                continue;
+            memcpy(out->codes + (size_t)o * cs, ix->codes + (size_t)r * cs, cs);
+            if (rs)
+                memcpy(out->refined + (size_t)o * rs, ix->refined + (size_t)r * rs, rs);
         }
     }
     return 0;

@@ -146,6 +146,8 @@ int kd_index_save(struct kd_index *ix, struct kd_writer *w)
         err = ix->src->save(ix, &cw);
     if (!err)
         err = kd_cw_section_end(&cw);
+    if (!err && ix->quant.refine_size)
+        err = write_section(&cw, KD_SEC_REFINE, ix->refined, n * ix->quant.refine_size);
     if (!err && ix->calib_bytes)
         err = write_section(&cw, KD_SEC_CALIBRATION, ix->calib, ix->calib_bytes);
     if (!err)
@@ -199,8 +201,7 @@ static int check_meta(const struct kd_meta *m)
     if (m->dim == 0 || m->dim > (1u << 20) || !kd_metric((int)m->metric) ||
         !kd_valid_quantization(m->quantization) || m->m < 2 || m->m > 256 || m->m0 != 2 * m->m ||
         m->pdim != kd_quant_padded_dim(m->dim) ||
-        m->code_size != (m->quantization == KD_Q_1BIT ? m->pdim / 8 + sizeof(struct kd_code_tail)
-                                                      : (m->dim * m->quantization + 7) / 8) ||
+        m->code_size != kd_quant_code_size(kd_q_bits((int)m->quantization), m->dim) ||
         m->record_bytes != m->dim * 4 || m->record_stride < m->record_bytes ||
         m->record_stride > m->record_bytes + (1u << 24) || m->count >= UINT32_MAX ||
         m->live > m->count || m->max_level < -1 || m->max_level > KD_MAX_LEVEL ||
@@ -273,7 +274,8 @@ static int index_from_meta(struct kd_index **out, const struct kd_meta *m, const
         return kd_fail(-ENOMEM, "out of memory");
     }
     memcpy(ranges, signs + kd_quant_signs_bytes(&probe), 2 * (size_t)m->dim * sizeof(float));
-    if ((err = kd_quant_init(&ix->quant, m->quantization, m->dim, (int)m->metric, m->ncentres,
+    if ((err = kd_quant_init(&ix->quant, kd_q_bits((int)m->quantization),
+                             kd_q_refine((int)m->quantization), m->dim, (int)m->metric, m->ncentres,
                              centres, signs, 0))) {
         free(ranges);
         kd_index_free(ix);
@@ -282,6 +284,7 @@ static int index_from_meta(struct kd_index **out, const struct kd_meta *m, const
     kd_quant_set_ranges(&ix->quant, ranges, ranges + m->dim);
     free(ranges);
     ix->estimate = kd_estimator(&ix->quant);
+    ix->refine = kd_refiner(&ix->quant);
     ix->record_stride = m->record_stride;
     ix->trained = 1;
     ix->count = ix->cap = m->count;
@@ -296,22 +299,33 @@ static int index_from_meta(struct kd_index **out, const struct kd_meta *m, const
 }
 
 /* Sections a file holds: eight, and the calibration when it has one. */
-static int sections_in(const struct kd_meta *m) { return m->calib_bytes ? 9 : 8; }
+static uint32_t refine_size(const struct kd_meta *m)
+{
+    return kd_quant_refine_size(kd_q_refine((int)m->quantization), m->dim);
+}
+
+static int sections_in(const struct kd_meta *m)
+{
+    return 8 + (refine_size(m) != 0) + (m->calib_bytes != 0);
+}
 
 /* Stream offset where the first `nsec` sections end (as written by
  * kd_index_save), table and tail included when all are counted. */
 static uint64_t stream_end(const struct kd_meta *m, uint64_t upper_bytes, int nsec)
 {
     uint64_t n = m->count;
-    uint64_t len[9] = {sizeof *m + meta_extra_bytes(m),
-                       n * 8,
-                       n,
-                       n * m->code_size,
-                       n,
-                       n * (1 + (uint64_t)m->m0) * 4,
-                       upper_bytes,
-                       n * m->record_stride,
-                       m->calib_bytes};
+    uint64_t len[10] = {sizeof *m + meta_extra_bytes(m),
+                        n * 8,
+                        n,
+                        n * m->code_size,
+                        n,
+                        n * (1 + (uint64_t)m->m0) * 4,
+                        upper_bytes,
+                        n * m->record_stride};
+    int at = 8;
+    if (refine_size(m))
+        len[at++] = n * refine_size(m);
+    len[at] = m->calib_bytes;
     uint64_t pos = KD_BLOCK;
     for (int i = 0; i < nsec; i++)
         pos = kd_round_up(pos + len[i], KD_BLOCK);
@@ -359,8 +373,8 @@ int kd_index_load(struct kd_index **out, struct kd_reader *r)
     uint64_t n = m.count;
     /* A size known in advance must hold what the metadata announces. */
     if (!err)
-        err = kd_cr_need(&cr, n * (8 + 1 + m.code_size + 1 + (1 + (uint64_t)m.m0) * 4 +
-                                   m.record_stride));
+        err = kd_cr_need(&cr, n * (8 + 1 + m.code_size + refine_size(&m) + 1 +
+                                   (1 + (uint64_t)m.m0) * 4 + m.record_stride));
     if (!err)
         kd_cr_expect(&cr, stream_end(&m, 0, 6));
     if (!err)
@@ -413,6 +427,9 @@ int kd_index_load(struct kd_index **out, struct kd_reader *r)
         }
     }
     if (err || (err = kd_cr_section_end(&cr)))
+        goto fail;
+    if (refine_size(&m) &&
+        (err = read_section(&cr, KD_SEC_REFINE, ix->refined, n * refine_size(&m))))
         goto fail;
     if (m.calib_bytes && ((err = take_calibration(ix, m.calib_bytes)) ||
                           (err = read_section(&cr, KD_SEC_CALIBRATION, ix->calib, m.calib_bytes))))
@@ -585,6 +602,11 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
         err = kd_fail(-KD_ECORRUPT, "%s: index sections do not match the vector count", path);
         goto fail;
     }
+    const struct kd_section *refined = kd_container_find(&c, KD_SEC_REFINE);
+    if (!refined != !refine_size(&m) || (refined && refined->length != n * refine_size(&m))) {
+        err = kd_fail(-KD_ECORRUPT, "%s: index refinements do not match its metadata", path);
+        goto fail;
+    }
     const struct kd_section *calib = kd_container_find(&c, KD_SEC_CALIBRATION);
     if (!calib != !m.calib_bytes || (calib && calib->length != m.calib_bytes)) {
         err = kd_fail(-KD_ECORRUPT, "%s: index calibration section does not match its metadata",
@@ -640,11 +662,13 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
         goto scan_fail;
     o.cap = m.m;
     if ((err = kd_scan_section(&sc, upperp, VIA_MAP(upperp), (1 + m.m) * 4, scan_lists, &o)) ||
-        (err = kd_scan_section(&sc, codes, VIA_MAP(codes), 1, NULL, NULL)))
+        (err = kd_scan_section(&sc, codes, VIA_MAP(codes), 1, NULL, NULL)) ||
+        (refined && (err = kd_scan_section(&sc, refined, VIA_MAP(refined), 1, NULL, NULL))))
         goto scan_fail;
 #undef VIA_MAP
     kd_scanner_free(&sc);
     ix->codes = ix->map + codes->offset;
+    ix->refined = refined ? ix->map + refined->offset : NULL;
     ix->ids = (int64_t *)(ix->map + ids->offset);
     g->level0 = (uint32_t *)(ix->map + level0->offset);
     g->levels = ix->map + levels->offset;

@@ -12,6 +12,20 @@
 
 uint32_t kd_quant_padded_dim(uint32_t dim) { return (uint32_t)kd_round_up(dim, 64); }
 
+uint32_t kd_quant_code_size(uint32_t bits, uint32_t dim)
+{
+    if (bits != 1)
+        return (dim * bits + 7) / 8;
+    return kd_quant_padded_dim(dim) / 8 + (uint32_t)sizeof(struct kd_code_tail);
+}
+
+uint32_t kd_quant_refine_size(uint32_t refine, uint32_t dim)
+{
+    if (!refine)
+        return 0;
+    return (uint32_t)sizeof(struct kd_refine_head) + kd_quant_padded_dim(dim) * refine / 8;
+}
+
 static uint64_t splitmix64(uint64_t *s)
 {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -61,19 +75,22 @@ static int alloc_centres(struct kd_quant *q, uint32_t C)
     return 0;
 }
 
-int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t dim, int metric, uint32_t ncentres,
-                  const float *centres, const uint8_t *signs, uint64_t seed)
+int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t refine, uint32_t dim, int metric,
+                  uint32_t ncentres, const float *centres, const uint8_t *signs, uint64_t seed)
 {
     memset(q, 0, sizeof *q);
     if (bits != 1 && bits != 4 && bits != 8)
         return kd_fail(-EINVAL, "unsupported code width %u bits", bits);
+    if (refine != 0 && (refine != 4 || bits != 1))
+        return kd_fail(-EINVAL, "unsupported refinement of %u bits on %u-bit codes", refine, bits);
     if (ncentres < 1 || ncentres > KD_MAX_CENTRES)
         return kd_fail(-EINVAL, "bad number of quantizer centres %u", ncentres);
     q->bits = bits;
     q->dim = dim;
     q->pdim = kd_quant_padded_dim(dim);
-    q->code_size = bits == 1 ? q->pdim / 8 + (uint32_t)sizeof(struct kd_code_tail)
-                             : (dim * bits + 7) / 8;
+    q->code_size = kd_quant_code_size(bits, dim);
+    q->refine = refine;
+    q->refine_size = kd_quant_refine_size(refine, dim);
     q->metric = metric;
     q->mean = calloc(dim, sizeof(float));
     q->signs = malloc(kd_quant_signs_bytes(q));
@@ -212,8 +229,8 @@ void kd_quant_set_ranges(struct kd_quant *q, const float *lo, const float *step)
 
 int kd_quant_copy(struct kd_quant *dst, const struct kd_quant *src)
 {
-    int err = kd_quant_init(dst, src->bits, src->dim, src->metric, src->ncentres, src->centres,
-                            src->signs, 0);
+    int err = kd_quant_init(dst, src->bits, src->refine, src->dim, src->metric, src->ncentres,
+                            src->centres, src->signs, 0);
     if (!err)
         kd_quant_set_ranges(dst, src->sq_lo, src->sq_step);
     return err;
@@ -222,8 +239,8 @@ int kd_quant_copy(struct kd_quant *dst, const struct kd_quant *src)
 int kd_quant_equal(const struct kd_quant *a, const struct kd_quant *b)
 {
     size_t d = a->dim;
-    return a->bits == b->bits && a->dim == b->dim && a->metric == b->metric &&
-           a->ncentres == b->ncentres &&
+    return a->bits == b->bits && a->refine == b->refine && a->dim == b->dim &&
+           a->metric == b->metric && a->ncentres == b->ncentres &&
            !memcmp(a->centres, b->centres, (size_t)a->ncentres * d * sizeof(float)) &&
            !memcmp(a->signs, b->signs, kd_quant_signs_bytes(a)) &&
            !memcmp(a->sq_lo, b->sq_lo, d * sizeof(float)) &&
@@ -301,7 +318,33 @@ static void encode_scalar(const struct kd_quant *q, const float *x, uint8_t *cod
     }
 }
 
-void kd_quant_encode(const struct kd_quant *q, const float *x, uint8_t *code, float *work)
+/* Levels round r / (max|r| / 7); the step is then the least-squares fit of
+ * r by step * (level - 7), which never errs more than the rounding step. */
+static void encode_refinement(const struct kd_quant *q, const float *r, const float *rc,
+                              uint8_t *out)
+{
+    uint8_t *lv = out + sizeof(struct kd_refine_head);
+    float top = 0;
+    for (uint32_t i = 0; i < q->pdim; i++)
+        top = fabsf(r[i]) > top ? fabsf(r[i]) : top;
+    float inv = top > 0 ? (float)KD_REFINE_MID / top : 0.0f;
+    double rl = 0, ll = 0, shift = 0;
+    memset(lv, 0, q->pdim / 2);
+    for (uint32_t i = 0; i < q->pdim; i++) {
+        int u = (int)lrintf(r[i] * inv);
+        u = u < -KD_REFINE_MID ? -KD_REFINE_MID : (u > KD_REFINE_MID ? KD_REFINE_MID : u);
+        lv[i / 2] |= (uint8_t)((u + KD_REFINE_MID) << (4 * (i & 1)));
+        rl += (double)r[i] * u;
+        ll += (double)u * u;
+        shift += (double)u * rc[i];
+    }
+    struct kd_refine_head h = {ll > 0 ? (float)(rl / ll) : 0.0f, 0};
+    h.shift = (float)(h.step * shift);
+    memcpy(out, &h, sizeof h);
+}
+
+void kd_quant_encode(const struct kd_quant *q, const float *x, uint8_t *code, uint8_t *refined,
+                     float *work)
 {
     if (q->bits != 1) {
         encode_scalar(q, x, code);
@@ -345,6 +388,8 @@ void kd_quant_encode(const struct kd_quant *q, const float *x, uint8_t *code, fl
     t.ones = (uint16_t)ones;
     t.centre = (uint16_t)j;
     memcpy(code + q->pdim / 8, &t, sizeof t);
+    if (q->refine)
+        encode_refinement(q, work, rc, refined);
 }
 
 uint32_t kd_quant_centre_of(const struct kd_quant *q, const uint8_t *code)
@@ -366,8 +411,9 @@ int kd_qcode_alloc(struct kd_qcode *qc, const struct kd_quant *q)
     qc->sq = malloc(2 * (size_t)q->dim * sizeof(float));
     qc->centre_gen = calloc(KD_MAX_CENTRES, sizeof(uint32_t));
     qc->levels = malloc(q->pdim);
+    qc->rot = malloc(q->pdim * sizeof(float));
     if (!qc->planes || !qc->work || !qc->norm_sq || !qc->dot_c || !qc->sq || !qc->centre_gen ||
-        !qc->levels) {
+        !qc->levels || !qc->rot) {
         kd_qcode_free(qc);
         return kd_fail(-ENOMEM, "out of memory for a query code");
     }
@@ -383,6 +429,7 @@ void kd_qcode_free(struct kd_qcode *qc)
     free(qc->sq);
     free(qc->centre_gen);
     free(qc->levels);
+    free(qc->rot);
     memset(qc, 0, sizeof *qc);
 }
 
@@ -416,6 +463,8 @@ void kd_qcode_prepare(const struct kd_quant *q, const float *x, struct kd_qcode 
     for (uint32_t i = 0; i < q->pdim; i++)
         v[i] = i < q->dim ? x[i] - q->mean[i] : 0.0f;
     rotate(q, v);
+    if (q->refine)
+        memcpy(qc->rot, v, q->pdim * sizeof(float));
     float lo = v[0], hi = v[0];
     for (uint32_t i = 1; i < q->pdim; i++) {
         lo = v[i] < lo ? v[i] : lo;
@@ -459,6 +508,17 @@ static void centre_terms(const struct kd_quant *q, const struct kd_qcode *qc, ui
     qc->centre_gen[j] = qc->gen;
 }
 
+/* The estimated distance from the estimate ip of <o-c, q-c>. */
+static inline float from_ip(const struct kd_quant *q, const struct kd_qcode *qc,
+                            const struct kd_code_tail t, float ip)
+{
+    if (__builtin_expect(qc->centre_gen[t.centre] != qc->gen, 0))
+        centre_terms(q, qc, t.centre);
+    if (q->metric == KD_L2)
+        return t.norm_sq + qc->norm_sq[t.centre] - 2.0f * ip;
+    return -(ip + t.dot_c + qc->dot_c[t.centre]);
+}
+
 /* The estimate from the weighted popcount s = sum_b 2^b |bits & plane_b|. */
 static inline float finish(const struct kd_quant *q, const struct kd_qcode *qc, const uint8_t *code,
                            uint64_t s)
@@ -466,12 +526,92 @@ static inline float finish(const struct kd_quant *q, const struct kd_qcode *qc, 
     struct kd_code_tail t;
     memcpy(&t, code + q->pdim / 8, sizeof t);
     float s1 = qc->lo * (float)t.ones + qc->delta * (float)s;
-    float ip = t.scale * (2.0f * s1 - qc->sum_q - t.shift);
-    if (__builtin_expect(qc->centre_gen[t.centre] != qc->gen, 0))
-        centre_terms(q, qc, t.centre);
-    if (q->metric == KD_L2)
-        return t.norm_sq + qc->norm_sq[t.centre] - 2.0f * ip;
-    return -(ip + t.dot_c + qc->dot_c[t.centre]);
+    return from_ip(q, qc, t, t.scale * (2.0f * s1 - qc->sum_q - t.shift));
+}
+
+/* Refined: the estimate from sum_i (level_i - 7) P(q-g)_i. */
+static inline float finish_refined(const struct kd_quant *q, const struct kd_qcode *qc,
+                                   const uint8_t *code, const uint8_t *refined, float dot)
+{
+    struct kd_code_tail t;
+    struct kd_refine_head h;
+    memcpy(&t, code + q->pdim / 8, sizeof t);
+    memcpy(&h, refined, sizeof h);
+    return from_ip(q, qc, t, h.step * dot - h.shift);
+}
+
+static void refine_scalar(const struct kd_quant *q, const struct kd_qcode *qc, const uint8_t *codes,
+                          const uint8_t *refined, const uint32_t *rows, size_t n, float *out)
+{
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *code = codes + (size_t)rows[r] * q->code_size;
+        const uint8_t *head = refined + (size_t)rows[r] * q->refine_size;
+        const uint8_t *lv = head + sizeof(struct kd_refine_head);
+        float s = 0;
+        for (uint32_t i = 0; i < q->pdim; i++)
+            s += qc->rot[i] * (float)(((lv[i / 2] >> (4 * (i & 1))) & 15) - KD_REFINE_MID);
+        out[r] = finish_refined(q, qc, code, head, s);
+    }
+}
+
+#if defined(__x86_64__)
+/* 32 levels a step: split the nibbles, interleave them back into dimension
+ * order, centre them on 0, widen 8 at a time to floats. */
+__attribute__((target("avx2,fma"))) static void
+refine_avx2(const struct kd_quant *q, const struct kd_qcode *qc, const uint8_t *codes,
+            const uint8_t *refined, const uint32_t *rows, size_t n, float *out)
+{
+    const __m128i low = _mm_set1_epi8(0x0f), mid = _mm_set1_epi8(KD_REFINE_MID);
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *code = codes + (size_t)rows[r] * q->code_size;
+        const uint8_t *head = refined + (size_t)rows[r] * q->refine_size;
+        const uint8_t *lv = head + sizeof(struct kd_refine_head);
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        for (uint32_t i = 0; i < q->pdim; i += 32) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(lv + i / 2));
+            __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+            __m128i first = _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), mid),
+                    second = _mm_sub_epi8(_mm_unpackhi_epi8(lo, hi), mid);
+            const float *x = qc->rot + i;
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first)),
+                                   _mm256_loadu_ps(x), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(
+                                       _mm256_cvtepi8_epi32(_mm_srli_si128(first, 8))),
+                                   _mm256_loadu_ps(x + 8), acc1);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(second)),
+                                   _mm256_loadu_ps(x + 16), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(
+                                       _mm256_cvtepi8_epi32(_mm_srli_si128(second, 8))),
+                                   _mm256_loadu_ps(x + 24), acc1);
+        }
+        __m256 acc = _mm256_add_ps(acc0, acc1);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        out[r] = finish_refined(q, qc, code, head, _mm_cvtss_f32(h));
+    }
+}
+#endif
+
+kd_refine_fn kd_refiner_named(const char *name)
+{
+    if (strcmp(name, "scalar") == 0)
+        return refine_scalar;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma"))
+        return refine_avx2;
+#endif
+    return NULL;
+}
+
+kd_refine_fn kd_refiner(const struct kd_quant *q)
+{
+    if (!q->refine)
+        return NULL;
+    kd_refine_fn f = kd_refiner_named("avx2");
+    return f ? f : refine_scalar;
 }
 
 /* Codes are code_size bytes apart (sign words plus a 20-byte tail), so their

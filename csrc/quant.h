@@ -14,6 +14,13 @@
  *
  * The 4- and 8-bit options are per-dimension scalar codes (min/max learnt on
  * a sample), estimated against the float query: slower, closer estimates.
+ *
+ * A 1-bit code may carry a refinement: 4 bits per dimension of the same
+ * rotated residual P(o-c), symmetric levels -7..7 times a per-row step
+ * fitted by least squares. It re-orders the beam's best before the reads
+ * (search.c); the beam itself runs on the sign bits alone:
+ *
+ *   <o-c, q-c> ~= step * <lev - 7, P(q-g)> - <r^, P(c-g)>
  */
 #ifndef KD_QUANT_H
 #define KD_QUANT_H
@@ -41,13 +48,26 @@ struct kd_code_tail {
 _Static_assert(sizeof(struct kd_code_tail) == 20, "code tails are stored in files");
 _Static_assert(offsetof(struct kd_code_tail, ones) == 16, "code tails are stored in files");
 
+/* A refinement, kept apart from the codes so that the beam's codes stay
+ * dense: this head, then pdim/2 bytes of levels, dimension 2i in the low
+ * nibble of byte i. The code's tail gives the centre and corrections. */
+struct kd_refine_head {
+    float step;  /* r^ = step * (level - 7) */
+    float shift; /* <r^, P(c-g)> */
+};
+
+_Static_assert(sizeof(struct kd_refine_head) == 8, "refined codes are stored in files");
+
+#define KD_REFINE_MID 7 /* the level of 0 */
 #define KD_MAX_CENTRES 256
 
 struct kd_quant {
-    uint32_t bits;      /* 1, 4 or 8 */
-    uint32_t dim;       /* input dims */
-    uint32_t pdim;      /* padded dims, a multiple of 64 */
-    uint32_t code_size; /* pdim/8 + sizeof(struct kd_code_tail) */
+    uint32_t bits;        /* 1, 4 or 8 */
+    uint32_t refine;      /* 1-bit codes: 4 when they carry a refinement, else 0 */
+    uint32_t refine_size; /* bytes of a refinement, 0 without */
+    uint32_t dim;         /* input dims */
+    uint32_t pdim;        /* padded dims, a multiple of 64 */
+    uint32_t code_size;   /* pdim/8 + sizeof(struct kd_code_tail) */
     int metric;
     uint32_t ncentres;
     float *centres;     /* ncentres x dim */
@@ -74,16 +94,20 @@ struct kd_qcode {
     float x_sq;      /* |q|^2 */
     float *work;     /* pdim floats of scratch */
     uint8_t *levels; /* pdim quantized levels */
+    float *rot;      /* refined codes: P(q-g), pdim floats */
     float *sq;       /* scalar codes: 2 * dim per-query factors */
     float sq_const;
 };
 
 uint32_t kd_quant_padded_dim(uint32_t dim);
+/* Bytes a code and its refinement take (checked against files). */
+uint32_t kd_quant_code_size(uint32_t bits, uint32_t dim);
+uint32_t kd_quant_refine_size(uint32_t refine, uint32_t dim);
 
 /* Set up a quantizer; centres NULL means one zero centre, signs NULL draws
- * the rotation from seed. */
-int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t dim, int metric, uint32_t ncentres,
-                  const float *centres, const uint8_t *signs, uint64_t seed);
+ * the rotation from seed. refine: 0, or 4 with bits 1. */
+int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t refine, uint32_t dim, int metric,
+                  uint32_t ncentres, const float *centres, const uint8_t *signs, uint64_t seed);
 /* Scalar-code ranges (dim floats each), when restoring a saved quantizer. */
 void kd_quant_set_ranges(struct kd_quant *q, const float *lo, const float *step);
 /* A deep copy of src (dst uninitialized), so that codes of both agree. */
@@ -98,8 +122,10 @@ size_t kd_quant_signs_bytes(const struct kd_quant *q);
 /* The centre a code was encoded against (0 for scalar codes, which have
  * none but the zero one). */
 uint32_t kd_quant_centre_of(const struct kd_quant *q, const uint8_t *code);
-/* Encode one vector (already normalized for cosine); work holds pdim floats. */
-void kd_quant_encode(const struct kd_quant *q, const float *x, uint8_t *code, float *work);
+/* Encode one vector (already normalized for cosine), and its refinement
+ * when q has one; work holds pdim floats. */
+void kd_quant_encode(const struct kd_quant *q, const float *x, uint8_t *code, uint8_t *refined,
+                     float *work);
 
 int kd_qcode_alloc(struct kd_qcode *qc, const struct kd_quant *q);
 void kd_qcode_free(struct kd_qcode *qc);
@@ -115,5 +141,14 @@ kd_estimate_fn kd_estimator(const struct kd_quant *q);
 /* A named 1-bit variant, "scalar", "popcnt" or "avx2", or NULL where the
  * CPU lacks it (tests). */
 kd_estimate_fn kd_estimator_named(const char *name);
+/* The estimate from the refinements of rows (refined: refine_size bytes a
+ * row), with the codes' tails. */
+typedef void (*kd_refine_fn)(const struct kd_quant *q, const struct kd_qcode *qc,
+                             const uint8_t *codes, const uint8_t *refined, const uint32_t *rows,
+                             size_t n, float *out);
+/* "scalar" or "avx2" (NULL where the CPU lacks it); kd_refiner picks the
+ * best, NULL when q has no refinement. */
+kd_refine_fn kd_refiner_named(const char *name);
+kd_refine_fn kd_refiner(const struct kd_quant *q);
 
 #endif

@@ -24,6 +24,8 @@ void kd_search_ctx_free(struct kd_search_ctx *c)
     free(c->top);
     free(c->pick);
     free(c->early_sorted);
+    free(c->refine_rows);
+    free(c->refine_dist);
     free(c);
 }
 
@@ -104,6 +106,22 @@ static int ctx_pick(struct kd_search_ctx *c, size_t n)
     if (!p || !r)
         return kd_fail(-ENOMEM, "out of memory for a search");
     c->pick_cap = n;
+    return 0;
+}
+
+static int ctx_refine(struct kd_search_ctx *c, size_t n)
+{
+    if (n <= c->refine_cap)
+        return 0;
+    uint32_t *r = realloc(c->refine_rows, n * sizeof *r);
+    if (r)
+        c->refine_rows = r;
+    float *d = realloc(c->refine_dist, n * sizeof *d);
+    if (d)
+        c->refine_dist = d;
+    if (!r || !d)
+        return kd_fail(-ENOMEM, "out of memory for a search");
+    c->refine_cap = n;
     return 0;
 }
 
@@ -188,17 +206,23 @@ static void estimate_rows(void *p, const uint32_t *rows, size_t n, float *out)
     e->ix->estimate(&e->ix->quant, e->qc, e->ix->codes, rows, n, out);
 }
 
-static void prefetch_codes(void *p, const uint32_t *rows, size_t n)
+/* Every line of each row's record of `size` bytes in base: records do not
+ * start on line bounds. */
+static void prefetch_records(const uint8_t *base, size_t size, const uint32_t *rows, size_t n)
 {
-    const struct estimate_ctx *e = p;
-    size_t size = e->ix->quant.code_size;
     for (size_t i = 0; i < n; i++) {
-        /* every line the code touches: codes do not start on line bounds */
-        uintptr_t at = (uintptr_t)(e->ix->codes + (size_t)rows[i] * size);
+        uintptr_t at = (uintptr_t)(base + (size_t)rows[i] * size);
         for (uintptr_t line = at & ~(uintptr_t)63; line < at + size; line += 64)
             __builtin_prefetch((const void *)line);
     }
 }
+
+static void prefetch_codes(void *p, const uint32_t *rows, size_t n)
+{
+    const struct estimate_ctx *e = p;
+    prefetch_records(e->ix->codes, e->ix->quant.code_size, rows, n);
+}
+
 
 size_t kd_shortlist_size(const struct kd_index *ix, const struct kd_search_params *sp)
 {
@@ -401,6 +425,52 @@ int kd_shortlist_read(struct kd_index *ix, struct kd_search_ctx *c, const struct
     return err;
 }
 
+static int by_estimate(const void *a, const void *b)
+{
+    const struct kd_heap_item *x = a, *y = b;
+    return x->dist < y->dist ? -1 : x->dist > y->dist ? 1 : (x->row > y->row) - (x->row < y->row);
+}
+
+/* Re-estimate the first min(n, ef) candidates (the beam's best, ascending
+ * by 1-bit estimate) with their refined codes and put the best L of them
+ * first, ascending. What lies past ef keeps its place, so a shortlist of L
+ * is a prefix of the order a longer one sees: the calibration measures every
+ * length from one search. */
+#define REFINE_CHUNK 8
+static int refine_candidates(struct kd_index *ix, struct kd_search_ctx *c, struct kd_heap_item *res,
+                             size_t n, size_t ef, size_t L)
+{
+    size_t m = n < ef ? n : ef;
+    int err = ctx_refine(c, m);
+    if (err)
+        return err;
+    const struct kd_quant *q = &ix->quant;
+    for (size_t i = 0; i < m; i++)
+        c->refine_rows[i] = res[i].row;
+    /* A chunk's refinements are fetched while the one before is scored. */
+    prefetch_records(ix->refined, q->refine_size, c->refine_rows,
+                     m < REFINE_CHUNK ? m : REFINE_CHUNK);
+    for (size_t i = 0; i < m; i += REFINE_CHUNK) {
+        size_t len = m - i < REFINE_CHUNK ? m - i : REFINE_CHUNK;
+        if (i + REFINE_CHUNK < m) {
+            size_t next = m - i - REFINE_CHUNK;
+            prefetch_records(ix->refined, q->refine_size, c->refine_rows + i + REFINE_CHUNK,
+                             next < REFINE_CHUNK ? next : REFINE_CHUNK);
+        }
+        ix->refine(q, &c->qc, ix->codes, ix->refined, c->refine_rows + i, len, c->refine_dist + i);
+    }
+    for (size_t i = 0; i < m; i++)
+        res[i].dist = c->refine_dist[i];
+    size_t sorted = m;
+    if (L < m) {
+        select_closest(res, m, L);
+        sorted = L;
+    }
+    qsort(res, sorted, sizeof *res, by_estimate);
+    c->st.refined += m;
+    return 0;
+}
+
 /* The graph search of a query, with early reads when may_read_early. It
  * leaves the candidates c->s.out[0..*nres) clipped to the shortlist size,
  * or (c->finished) the exact answer of a query whose filter starved the beam. */
@@ -425,7 +495,9 @@ static int query_graph(struct kd_index *ix, struct kd_search_ctx *c, const float
     if ((err = kd_scratch_reserve(&c->s, ix->count, ef, ix->graph.m0)))
         return err;
     /* Room for the shortlist and the early reads, taken before any is in flight. */
-    int reading = ix->src->batch_reads && sp->rerank, early_ok = reading && may_read_early;
+    /* No early reads over refined codes: they would follow the 1-bit order. */
+    int reading = ix->src->batch_reads && sp->rerank,
+        early_ok = reading && may_read_early && !ix->refine;
     const struct early_plan *plan = searching > 1 ? &early_shared : &early_alone;
     struct kd_search_early early = {SIZE_MAX, start_early_reads, NULL, 0};
     size_t most_early = early_ok ? (size_t)ceil(plan->share[plan->waves - 1] * (double)L) : 0;
@@ -461,6 +533,8 @@ static int query_graph(struct kd_index *ix, struct kd_search_ctx *c, const float
         c->st.early_unused += c->nearly;
         return err;
     }
+    if (ix->refine && (err = refine_candidates(ix, c, (struct kd_heap_item *)c->s.out, n, ef, L)))
+        return err;
     c->finished = 0;
     *nres = n < L ? n : L;
     return 0;

@@ -57,6 +57,10 @@ struct kd_search_ctx {
     uint32_t *early_sorted;    /* after the shortlist: those of them it kept (nkept) */
     size_t pick_cap, nkept;
     float expand_ratio; /* level-0 expansions per ef, running mean; 0 unknown */
+    /* Refined codes: the beam's best, re-estimated. */
+    uint32_t *refine_rows;
+    float *refine_dist;
+    size_t refine_cap;
 };
 
 /* The rows a filter allows: built once per call, shared by its queries. */

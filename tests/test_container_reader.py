@@ -29,7 +29,8 @@ def _index(dim, n, quant, metric="l2", remove=()):
 # dims on either side of the record-size steps: 16 B records, powers of two
 # below 4 KiB, whole blocks above it.
 CASES = [(1, 5, "1bit", "l2"), (7, 40, "4bit", "ip"), (100, 300, "8bit", "cosine"),
-         (1024, 20, "1bit", "l2"), (1100, 12, "4bit", "l2"), (16, 0, "1bit", "l2")]
+         (1024, 20, "1bit", "l2"), (1100, 12, "4bit", "l2"), (16, 0, "1bit", "l2"),
+         (200, 50, "1bit+4bit", "cosine")]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: "d%d-n%d-%s" % c[:3])
@@ -57,12 +58,14 @@ def test_crc32c_known_values():
 
 def test_layout_of_engine_files(saved):
     path, blob, info, n = saved
+    refined = info["quantization"] == "1bit+4bit"
+    names = ENGINE_SECTIONS + ["refinements"] * refined
     for src in (path, str(path), blob, bytearray(blob), memoryview(blob), io.BytesIO(blob)):
         layout = C.read_layout(src)
         assert layout.size == len(blob)
         assert layout.version == C.FORMAT_VERSION
-        assert [s.name for s in layout] == ENGINE_SECTIONS
-        assert layout.tail.count == len(layout) == 8
+        assert [s.name for s in layout] == names
+        assert layout.tail.count == len(layout) == len(names)
     end = BLOCK
     for s in layout:
         assert s.offset % BLOCK == 0 and s.offset >= end, s
@@ -72,7 +75,7 @@ def test_layout_of_engine_files(saved):
     assert layout.table_offset + 32 * len(layout) + 32 == len(blob)
     # the engine's ids
     assert {s.name: s.id for s in layout} == {
-        name: sid for name, sid in C.SECTION_IDS.items() if name != "calibration"}
+        name: sid for name, sid in C.SECTION_IDS.items() if name in names}
 
 
 def test_vector_section_holds_count_records(saved):

@@ -216,7 +216,7 @@ def test_sweep_agrees_with_search(built):
     t = np.ascontiguousarray(truth[:300].astype(np.int64))
     lens = np.array([10, 20, 40, 80], np.int64)
     for ef in (12, 40):
-        recall, spread, scored, used = index._core.recall_sweep(q, None, t.ravel(), K, ef,
+        recall, spread, scored, _, used = index._core.recall_sweep(q, None, t.ravel(), K, ef,
                                                                 lens, 1)
         assert used == 300
         for length, r in zip(lens, recall):

@@ -472,7 +472,7 @@ static PyObject *Index_info(KdIndexObject *self, PyObject *unused)
     SET(d, "metric", PyUnicode_FromString(kd_metric(in.params.metric)->name));
     SET(d, "count", PyLong_FromUnsignedLongLong(in.count));
     SET(d, "slots", PyLong_FromUnsignedLongLong(in.slots));
-    SET(d, "quantization", PyUnicode_FromFormat("%dbit", in.params.quantization));
+    SET(d, "quantization", PyUnicode_FromString(kd_quantization_name(in.params.quantization)));
     SET(d, "m", PyLong_FromUnsignedLong(in.params.m));
     SET(d, "ef_construction", PyLong_FromUnsignedLong(in.params.ef_construction));
     SET(d, "seed", PyLong_FromUnsignedLongLong(in.params.seed));
@@ -523,6 +523,7 @@ static PyObject *Index_stats(KdIndexObject *self, PyObject *args)
     SET(d, "rerank_vectors", PyLong_FromUnsignedLongLong(s.rerank_vectors));
     SET(d, "early_reads", PyLong_FromUnsignedLongLong(s.early_reads));
     SET(d, "early_unused", PyLong_FromUnsignedLongLong(s.early_unused));
+    SET(d, "refined", PyLong_FromUnsignedLongLong(s.refined));
     SET(d, "io_wait_seconds", PyFloat_FromDouble((double)s.io_wait_ns * 1e-9));
     SET(d, "graph_seconds", PyFloat_FromDouble((double)s.graph_ns * 1e-9));
     SET(d, "rerank_seconds", PyFloat_FromDouble((double)s.rerank_ns * 1e-9));
@@ -668,10 +669,11 @@ static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
                           PyArray_DATA((PyArrayObject *)recall),
                           PyArray_DATA((PyArrayObject *)spread),
                           0,
+                          0,
                           0};
     Py_BEGIN_ALLOW_THREADS err = kd_index_recall_sweep(ix, &sw);
-    Py_END_ALLOW_THREADS if (!err)
-        out = Py_BuildValue("OOdn", recall, spread, sw.scored, (Py_ssize_t)sw.nqueries);
+    Py_END_ALLOW_THREADS if (!err) out = Py_BuildValue("OOddn", recall, spread, sw.scored,
+                                                       sw.refined, (Py_ssize_t)sw.nqueries);
 done:
     if (taken)
         PyBuffer_Release(&qv);

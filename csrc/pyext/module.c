@@ -319,6 +319,7 @@ PyMODINIT_FUNC PyInit__core(void)
     PyModule_AddIntConstant(m, "IO_MMAP", KD_IO_MMAP);
     PyModule_AddIntConstant(m, "SEC_IDS", KD_SEC_IDS);
     PyModule_AddIntConstant(m, "SEC_CODES", KD_SEC_CODES);
+    PyModule_AddIntConstant(m, "SEC_REFINE", KD_SEC_REFINE);
     PyModule_AddIntConstant(m, "SEC_GRAPH_LEVELS", KD_SEC_LEVELS);
     PyModule_AddIntConstant(m, "SEC_GRAPH_LEVEL0", KD_SEC_LEVEL0);
     PyModule_AddIntConstant(m, "SEC_GRAPH_UPPER", KD_SEC_UPPER);

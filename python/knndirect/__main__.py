@@ -480,7 +480,7 @@ def _parser():
     b.add_argument("--m", type=int, default=16, help="graph degree (default 16)")
     b.add_argument("--ef-construction", type=int, default=200,
                    help="build beam width (default 200)")
-    b.add_argument("--quantization", choices=("1bit", "4bit", "8bit"), default="1bit")
+    b.add_argument("--quantization", choices=("1bit", "4bit", "8bit", "1bit+4bit"), default="1bit")
     b.add_argument("--ids", default=None, metavar="IDS.npy",
                    help="int64 ids, one per vector (.npy or .ivecs)")
     b.add_argument("--threads", type=int, default=None, help="build threads (default: all)")

@@ -53,9 +53,13 @@ LONGEST = 16.0
 # ef ladder: from k up by sqrt(2), until recall stops rising or this cap.
 EF_STEP = math.sqrt(2.0)
 EF_CAP = 4096
-# The ladder stops once recall reaches this, or two steps add less than FLAT.
+# The ladder stops once recall reaches this, or two steps add less than FLAT:
+# recall at the longest shortlist, or with refined codes at the first one of
+# REFINED_PROBE x k (refined, a short shortlist holds about all the beam
+# found, and the ladder must go on to the beam where that reaches the target).
 SATURATED = 0.99
 FLAT = 0.002
+REFINED_PROBE = 2
 # What one shortlisted row costs, in code distances of the graph search:
 # one 4 KiB O_DIRECT read (3.4 us of CPU, docs/benchmarks.md "I/O probe")
 # plus its float32 rescoring (0.2-0.5 us), against 50-180 ns a code distance
@@ -63,6 +67,10 @@ FLAT = 0.002
 # same price holds in RAM, so that an index makes the same choice loaded or
 # opened and gives the same answers either way.
 ROW_COST = 32
+# What re-estimating one candidate from its 4-bit refinement costs, in the
+# same units: 100-200 ns at 256-768 dims against 45-90 ns a 1-bit code
+# distance (benchmarks/bench_refine.py measures both).
+REFINED_COST = 2.5
 
 
 def lengths(k, default_oversample, max_oversample=None):
@@ -90,21 +98,26 @@ def _ladder(core, queries, truth, k, hidden, threads, top, source):
     lens = np.asarray(lengths(k, info["default_oversample"], top), np.int64)
     cap = max(k, min(EF_CAP, info["count"]))
     truth = np.ascontiguousarray(truth, np.int64).ravel()
-    efs, table, stderr, scored = [], [], [], []
+    efs, table, stderr, scored, refined = [], [], [], [], []
+    probe = -1
+    if "+" in info["quantization"]:
+        probe = int(np.searchsorted(lens, REFINED_PROBE * k))
+        probe = min(probe, len(lens) - 1)
     ef = k
     while True:
-        recall, spread, nodes, used = core.recall_sweep(queries, hidden, truth, k, ef, lens,
-                                                        threads)
+        recall, spread, nodes, reest, used = core.recall_sweep(queries, hidden, truth, k, ef,
+                                                               lens, threads)
         efs.append(ef)
         table.append([round(float(r), 5) for r in recall])
         stderr.append([round(float(s) / math.sqrt(max(used - 1, 1)), 5) for s in spread])
         scored.append(round(nodes, 1))
-        best = [row[-1] for row in table]
+        refined.append(round(reest, 1))
+        best = [row[probe] for row in table]
         flat = len(best) >= 3 and best[-1] - best[-3] < FLAT and ef >= 4 * k
         if best[-1] >= SATURATED or flat or ef >= cap:
             break
         ef = min(cap, max(ef + 1, round(ef * EF_STEP)))
-    return {
+    cal = {
         "format": FORMAT,
         "source": source,
         "k": int(k),
@@ -116,6 +129,9 @@ def _ladder(core, queries, truth, k, hidden, threads, top, source):
         "stderr": stderr,
         "scored": scored,
     }
+    if any(refined):  # refined codes: a key older builds ignore
+        cal["refined"] = refined
+    return cal
 
 
 def encode(cal) -> bytes:
@@ -130,7 +146,7 @@ def decode(blob: bytes):
         cal = json.loads(blob.decode())
         ok = (isinstance(cal, dict) and cal.get("format") == FORMAT
               and len(cal["recall"]) == len(cal["ef"]) == len(cal["scored"])
-              == len(cal["stderr"])
+              == len(cal["stderr"]) == len(cal.get("refined", cal["ef"]))
               and all(len(row) == len(cal["shortlist"])
                       for row in cal["recall"] + cal["stderr"]))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
@@ -153,7 +169,8 @@ def choose(cal, target, k, sure=False):
     (a default of 0.95 is then met with 95% confidence, not a coin toss)."""
     efs, lens, measured = cal["ef"], cal["shortlist"], np.asarray(cal["recall"])
     sure = measured - (SURE_Z if sure else 0.0) * np.asarray(cal["stderr"])
-    log_ef, scored = np.log(efs), np.asarray(cal["scored"])
+    log_ef = np.log(efs)
+    scored = np.asarray(cal["scored"]) + REFINED_COST * np.asarray(cal.get("refined", 0.0))
     best = None
     for j, length in enumerate(lens):
         hit = np.flatnonzero(sure[:, j] >= target)

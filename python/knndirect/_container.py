@@ -66,10 +66,11 @@ _TAIL = struct.Struct("<QIIII8s")           # table offset, count, table crc, ve
 # Section ids (enum kd_section_id), with short names for lookups and the
 # engine's own names for messages.
 SECTION_IDS = {"metadata": 1, "ids": 2, "tombstones": 3, "codes": 4, "levels": 5,
-               "level0": 6, "upper": 7, "vectors": 8, "calibration": 9}
+               "level0": 6, "upper": 7, "vectors": 8, "calibration": 9, "refinements": 10}
 SECTION_NAMES = {v: k for k, v in SECTION_IDS.items()}
 SECTION_TITLES = {1: "metadata", 2: "ids", 3: "tombstones", 4: "codes", 5: "graph levels",
-                  6: "graph level 0", 7: "graph upper levels", 8: "vectors", 9: "calibration"}
+                  6: "graph level 0", 7: "graph upper levels", 8: "vectors", 9: "calibration",
+                  10: "refinements"}
 
 # struct kd_meta, the start of the metadata section (centres, rotation signs
 # and scalar-quantizer ranges follow it).
