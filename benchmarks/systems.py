@@ -29,6 +29,13 @@ KD_REFINED_EF = [32, 48, 64, 96, 128, 192, 256, 384]
 KD_REFINED_OVERSAMPLE = [1, 1.5, 2, 3]
 
 
+def kd_points(k, efs, oss):
+    """The default search, then every (ef, oversample) of the grid with ef >= k."""
+    out = [{"ef": None, "oversample": None, "default": True}]
+    out += [{"ef": ef, "oversample": os_} for os_ in oss for ef in efs if ef >= k]
+    return out
+
+
 def _move_into(built, folder):
     """Move what a build wrote into its own folder into the index folder."""
     import shutil
@@ -127,9 +134,7 @@ class Knndirect(System):
         oss = KD_OVERSAMPLE_QUICK if self.cfg["quick"] else KD_OVERSAMPLE
         # ef (beam width) and oversample (shortlist = ceil(k * oversample), drawn
         # from every node the search scores) are independent knobs: sweep the grid.
-        out = [{"ef": None, "oversample": None, "default": True}]
-        out += [{"ef": ef, "oversample": os_} for os_ in oss for ef in efs if ef >= k]
-        return out
+        return kd_points(k, efs, oss)
 
     def search(self, index, q, point, threads):
         _, ids = index.search(q, self.cfg["k"], ef=point["ef"], oversample=point["oversample"],
@@ -156,12 +161,9 @@ class KnndirectDisk(Knndirect):
         return self.kd.open(os.path.join(folder, "index.kdx"))
 
     def points(self):
-        k = self.cfg["k"]
-        out = [{"ef": None, "oversample": None, "default": True}]
         efs = [32, 128] if self.cfg["quick"] else [32, 64, 128, 256]
         oss = [2, 5] if self.cfg["quick"] else [2, 3, 5, 10]
-        out += [{"ef": ef, "oversample": os_} for os_ in oss for ef in efs if ef >= k]
-        return out
+        return kd_points(self.cfg["k"], efs, oss)
 
 
 class KnndirectRefined(Knndirect):
@@ -171,13 +173,10 @@ class KnndirectRefined(Knndirect):
             "4-bit codes before the float32 rerank")
 
     def points(self):
-        k = self.cfg["k"]
         efs, oss = KD_REFINED_EF, KD_REFINED_OVERSAMPLE
         if self.cfg["quick"]:
             efs, oss = efs[::2], oss[1:3]
-        out = [{"ef": None, "oversample": None, "default": True}]
-        out += [{"ef": ef, "oversample": os_} for os_ in oss for ef in efs if ef >= k]
-        return out
+        return kd_points(self.cfg["k"], efs, oss)
 
 
 class KnndirectRefinedDisk(KnndirectRefined):
