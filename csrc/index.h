@@ -60,6 +60,7 @@ struct kd_stats {
     uint64_t io_wait_ns, graph_ns, rerank_ns, exact_queries;
     uint64_t early_reads, early_unused; /* read while the beam ran; of them, not shortlisted */
     uint64_t refined;                   /* candidates re-estimated with refined codes */
+    uint64_t scored;                    /* code distances the graph searches computed */
 };
 
 struct kd_info {

@@ -513,8 +513,10 @@ static int query_graph(struct kd_index *ix, struct kd_search_ctx *c, const float
     /* Searches hold the read lock, so live and count are stable here; with
      * nothing removed the tombstones need not be read per scored node. */
     struct kd_accept a = {ix->live < ix->count ? ix->deleted : NULL, f->allowed, hidden};
+    uint64_t scored = c->s.scored;
     size_t n = kd_graph_search(&ix->graph, &c->s, ef, L, estimate_rows, prefetch_codes, &e, &a,
                                &early);
+    c->st.scored += c->s.scored - scored;
     float ratio = (float)early.expansions / (float)ef;
     c->expand_ratio = c->expand_ratio > 0 ? 0.9f * c->expand_ratio + 0.1f * ratio : ratio;
     c->t_graph = kd_now_ns();

@@ -524,6 +524,7 @@ static PyObject *Index_stats(KdIndexObject *self, PyObject *args)
     SET(d, "early_reads", PyLong_FromUnsignedLongLong(s.early_reads));
     SET(d, "early_unused", PyLong_FromUnsignedLongLong(s.early_unused));
     SET(d, "refined", PyLong_FromUnsignedLongLong(s.refined));
+    SET(d, "scored", PyLong_FromUnsignedLongLong(s.scored));
     SET(d, "io_wait_seconds", PyFloat_FromDouble((double)s.io_wait_ns * 1e-9));
     SET(d, "graph_seconds", PyFloat_FromDouble((double)s.graph_ns * 1e-9));
     SET(d, "rerank_seconds", PyFloat_FromDouble((double)s.rerank_ns * 1e-9));

@@ -68,8 +68,9 @@ REFINED_PROBE = 2
 # opened and gives the same answers either way.
 ROW_COST = 32
 # What re-estimating one candidate from its 4-bit refinement costs, in the
-# same units: 100-200 ns at 256-768 dims against 45-90 ns a 1-bit code
-# distance (benchmarks/bench_refine.py measures both).
+# same units: 140-350 ns at 256-768 dims, 1.3-2.2 times the beam's time per
+# code distance at 100k (benchmarks/bench_refine_cost.py measures both); a
+# little more for the colder caches of larger indexes.
 REFINED_COST = 2.5
 
 

@@ -648,7 +648,8 @@ class Index:
             alone, half while other searches are in flight), early_unused
             (int: of those, records that the final shortlist did not keep;
             read, not scored), refined (int: candidates re-estimated from
-            their 4-bit refinements, quantization "1bit+4bit"), and
+            their 4-bit refinements, quantization "1bit+4bit"), scored (int:
+            code distances the graph searches computed), and
             io_wait_seconds, graph_seconds, rerank_seconds (float). Bytes read
             per query, ``read_bytes / queries``, compares with the ideal
             ``rerank_vectors / queries * info()["record_size"]``.
