@@ -49,10 +49,14 @@ def test_info_names_the_quantization_and_its_bytes(pair):
 def test_same_graph_only_codes_differ(pair):
     """The premise of the comparisons below: the beam walks the same graph."""
     _, _, queries, _, plain, refined = pair
+    plain.stats(reset=True)
+    refined.stats(reset=True)
     _, a = plain.search(queries, K, ef=64, oversample=40)
     _, b = refined.search(queries, K, ef=64, oversample=40)
     # oversample 40 > ef: the whole beam is read either way
     assert np.array_equal(a, b)
+    # the same 1-bit codes scored along the same walk
+    assert plain.stats()["scored"] == refined.stats()["scored"] > 0
 
 
 def test_estimates_are_closer(pair):
