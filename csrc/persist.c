@@ -298,7 +298,8 @@ static int index_from_meta(struct kd_index **out, const struct kd_meta *m, const
     return 0;
 }
 
-/* Sections a file holds: eight, and the calibration when it has one. */
+/* Sections a file holds: eight, then the refinements and the calibration
+ * when it has them. */
 static uint32_t refine_size(const struct kd_meta *m)
 {
     return kd_quant_refine_size(kd_q_refine((int)m->quantization), m->dim);

@@ -319,7 +319,7 @@ static void encode_scalar(const struct kd_quant *q, const float *x, uint8_t *cod
 }
 
 /* Levels round r / (max|r| / 7); the step is then the least-squares fit of
- * r by step * (level - 7), which never errs more than the rounding step. */
+ * r by step * (level - 7), never further from r than the rounding step. */
 static void encode_refinement(const struct kd_quant *q, const float *r, const float *rc,
                               uint8_t *out)
 {

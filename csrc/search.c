@@ -223,7 +223,6 @@ static void prefetch_codes(void *p, const uint32_t *rows, size_t n)
     prefetch_records(e->ix->codes, e->ix->quant.code_size, rows, n);
 }
 
-
 size_t kd_shortlist_size(const struct kd_index *ix, const struct kd_search_params *sp)
 {
     double os = sp->oversample > 0 ? sp->oversample
