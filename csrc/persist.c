@@ -298,13 +298,14 @@ static int index_from_meta(struct kd_index **out, const struct kd_meta *m, const
     return 0;
 }
 
-/* Sections a file holds: eight, then the refinements and the calibration
- * when it has them. */
+/* Bytes of a row's refinement; 0 for codes without. */
 static uint32_t refine_size(const struct kd_meta *m)
 {
     return kd_quant_refine_size(kd_q_refine((int)m->quantization), m->dim);
 }
 
+/* Sections a file holds: eight, then the refinements and the calibration
+ * when it has them. */
 static int sections_in(const struct kd_meta *m)
 {
     return 8 + (refine_size(m) != 0) + (m->calib_bytes != 0);
