@@ -89,11 +89,11 @@ static const char *section_name(uint32_t id)
 
 /* ---- header and tail */
 
-static void make_header(uint8_t head[KD_HEADER_BYTES])
+static void make_header(uint8_t head[KD_HEADER_BYTES], uint32_t version)
 {
     memset(head, 0, KD_HEADER_BYTES);
     memcpy(head, HEAD_MAGIC, 8);
-    uint32_t version = KD_FORMAT_VERSION, block = KD_BLOCK;
+    uint32_t block = KD_BLOCK;
     memcpy(head + 8, &version, 4);
     memcpy(head + 12, &block, 4);
     uint32_t crc = kd_crc32c(0, head, KD_HEADER_BYTES - 4);
@@ -193,15 +193,16 @@ static int pad_to_block(struct kd_container_writer *cw)
     return pad ? put(cw, zeros, pad) : 0;
 }
 
-int kd_cw_begin(struct kd_container_writer *cw, struct kd_writer *w)
+int kd_cw_begin(struct kd_container_writer *cw, struct kd_writer *w, uint32_t version)
 {
     memset(cw, 0, sizeof *cw);
     cw->w = w;
+    cw->version = version;
     /* Without the buffer every write goes straight through: slower, not wrong. */
     cw->buf = malloc(WRITE_BUFFER);
     cw->cap = cw->buf ? WRITE_BUFFER : 0;
     uint8_t head[KD_HEADER_BYTES];
-    make_header(head);
+    make_header(head, version);
     int err = put(cw, head, sizeof head);
     return err ? err : pad_to_block(cw);
 }
@@ -238,7 +239,7 @@ int kd_cw_finish(struct kd_container_writer *cw)
     if (!err) {
         uint8_t tail[KD_TAIL_BYTES];
         uint32_t n = cw->nsections, crc = kd_crc32c(0, cw->sections, tbytes);
-        uint32_t version = KD_FORMAT_VERSION;
+        uint32_t version = cw->version;
         memcpy(tail, &table_off, 8);
         memcpy(tail + 8, &n, 4);
         memcpy(tail + 12, &crc, 4);

@@ -17,7 +17,9 @@
  *     while its checksum is computed, read either through the mapping (which
  *     leaves it in the page cache) or with O_DIRECT (which does not).
  *
- * Versions: a file carries the version that wrote it. A reader accepts
+ * Versions: a file carries the lowest version that holds what it contains
+ * (3 for refined codes, section 10; 2 otherwise), so that a build that cannot
+ * read a file says so by its version. A reader accepts
  * KD_FORMAT_MIN_VERSION..KD_FORMAT_VERSION; a newer file is refused with a
  * message naming both versions. Bumping the version means keeping a reader
  * for every older one: tests/data holds a golden file that must keep opening.
@@ -35,8 +37,9 @@
 
 #include "storage.h"
 
-#define KD_FORMAT_VERSION 2
+#define KD_FORMAT_VERSION 3
 #define KD_FORMAT_MIN_VERSION 1
+#define KD_FORMAT_PLAIN 2 /* the version of a file without refined codes */
 #define KD_BLOCK 4096u
 #define KD_MAX_SECTIONS 16
 #define KD_HEADER_BYTES 64u
@@ -93,9 +96,11 @@ struct kd_container_writer {
     struct kd_section *open; /* section being written */
     uint8_t *buf;
     size_t fill, cap;
+    uint32_t version;
 };
 
-int kd_cw_begin(struct kd_container_writer *cw, struct kd_writer *w);
+/* version: what the header and tail say, at most KD_FORMAT_VERSION. */
+int kd_cw_begin(struct kd_container_writer *cw, struct kd_writer *w, uint32_t version);
 int kd_cw_section_begin(struct kd_container_writer *cw, uint32_t id);
 int kd_cw_write(struct kd_container_writer *cw, const void *buf, size_t n);
 int kd_cw_section_end(struct kd_container_writer *cw);

@@ -105,7 +105,7 @@ int kd_index_save(struct kd_index *ix, struct kd_writer *w)
         ix->calib_bytes,
     };
     uint64_t n = ix->count;
-    int err = kd_cw_begin(&cw, w);
+    int err = kd_cw_begin(&cw, w, ix->quant.refine_size ? KD_FORMAT_VERSION : KD_FORMAT_PLAIN);
     if (!err)
         err = kd_cw_section_begin(&cw, KD_SEC_META);
     if (!err)

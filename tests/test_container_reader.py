@@ -63,7 +63,7 @@ def test_layout_of_engine_files(saved):
     for src in (path, str(path), blob, bytearray(blob), memoryview(blob), io.BytesIO(blob)):
         layout = C.read_layout(src)
         assert layout.size == len(blob)
-        assert layout.version == C.FORMAT_VERSION
+        assert layout.version == (C.FORMAT_VERSION if refined else C.PLAIN_FORMAT_VERSION)
         assert [s.name for s in layout] == names
         assert layout.tail.count == len(layout) == len(names)
     end = BLOCK

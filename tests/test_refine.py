@@ -141,6 +141,10 @@ def test_refinement_section(pair, tmp_path):
     plain.save(a)
     refined.save(b)
     assert "refinements" not in _container.read_layout(a)
+    # the lowest version that holds the file: older builds refuse it by version
+    assert _container.read_layout(a).version == _container.PLAIN_FORMAT_VERSION == 2
+    assert _container.read_layout(b).version == _container.FORMAT_VERSION == 3
+    assert kd.features()["format_version"] == 3
     sec = _container.read_layout(b)["refinements"]
     assert sec.length == len(base) * (8 + DIM // 2)
     raw = np.frombuffer(_container.read_section(b, "refinements"), np.uint8)

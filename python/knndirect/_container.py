@@ -39,6 +39,7 @@ from ._core import CorruptIndexError
 __all__ = [
     "BLOCK", "HEADER_BYTES", "TAIL_BYTES", "ENTRY_BYTES", "MAGIC", "TAIL_MAGIC",
     "HEADER_CRC_AT", "ENTRY_CRC_AT", "TAIL_CRC_AT", "FORMAT_VERSION", "MIN_FORMAT_VERSION",
+    "PLAIN_FORMAT_VERSION",
     "MAX_SECTIONS", "SECTION_IDS", "SECTION_NAMES", "SECTION_TITLES", "METADATA_FIELDS",
     "METADATA_OFFSETS", "Header", "Tail", "Section", "Layout", "crc32c", "read_layout",
     "section_range", "read_section", "section_crc", "verify_sections", "read_metadata",
@@ -55,7 +56,8 @@ TAIL_MAGIC = b"KNNDEND1"
 HEADER_CRC_AT = HEADER_BYTES - 4
 ENTRY_CRC_AT = 24
 TAIL_CRC_AT = 12
-FORMAT_VERSION = 2          # the newest version this reader knows
+FORMAT_VERSION = 3          # the newest version this reader knows
+PLAIN_FORMAT_VERSION = 2    # what a file without refined codes is written as
 MIN_FORMAT_VERSION = 1
 MAX_SECTIONS = 16
 

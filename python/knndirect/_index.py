@@ -54,7 +54,8 @@ def features() -> dict:
         or a container may still block it, see ``info()["fallbacks"]``),
         ``avx2`` and ``avx512`` (bool: CPU support), ``simd`` (str: the
         kernel set in use, e.g. "avx2" or "scalar") and ``format_version``
-        (int: the index file version this build writes).
+        (int: the newest index file version this build reads and writes;
+        files without refined codes are written as version 2).
     """
     return _core.features()
 
