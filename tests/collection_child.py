@@ -180,9 +180,16 @@ def reader(path, out, seed, seconds):
         return ids, x
 
     ids, x = snapshot()
-    deadline = time.monotonic() + seconds
+    # At least `seconds`, then on until a second commit is seen (the writer
+    # commits while readers run): a slow machine (a sanitizer build, a
+    # loaded CI) must not leave a reader with one generation. Bounded.
+    start = time.monotonic()
     rounds = 0
-    while time.monotonic() < deadline:
+    while True:
+        spent = time.monotonic() - start
+        moved = len({g for g, _, _ in seen}) >= 2
+        if spent >= seconds and (moved or spent >= seconds + 60):
+            break
         rounds += 1
         if rounds % 2 == 0:
             before = col.generation

@@ -71,7 +71,7 @@ def test_reader_processes_see_whole_commits(tmp_path, seconds):
                                  str(seconds)], stderr=err)
                for i, (out, err) in enumerate(zip(outs, errs))]
     try:
-        deadline = time.monotonic() + seconds + 60
+        deadline = time.monotonic() + seconds + 120  # readers wait up to 60 s for a commit
         step = 0
         while any(r.poll() is None for r in readers):
             assert time.monotonic() < deadline, "the readers never finished"
