@@ -7,7 +7,7 @@ import numpy as np
 import numpy.typing as npt
 
 _Metric = Literal["l2", "ip", "cosine"]
-_Quantization = Literal["1bit", "4bit", "8bit"]
+_Quantization = Literal["1bit", "1bit+4bit", "4bit", "8bit"]
 _IOBackend = Literal["auto", "io_uring", "threads", "pread", "mmap"]
 _PreloadSection = Literal["graph", "codes", "ids", "vectors"]
 _ProgressCallback = Callable[[int, int], Optional[bool]]
@@ -61,6 +61,8 @@ class _IndexStats(TypedDict):
     rerank_vectors: int
     early_reads: int
     early_unused: int
+    refined: int
+    scored: int
     io_wait_seconds: float
     graph_seconds: float
     rerank_seconds: float
