@@ -185,9 +185,9 @@ def child_env(args_snapshot):
     return env
 
 
-def run_child(spec, *, cgroup=None, snapshot=None, drop=False, timeout=None):
-    """Run `bench_disk.py --worker SPEC` (in the cgroup when given) and return
-    its result dict, with the group's memory figures under "memory"."""
+def run_child(spec, *, cgroup=None, snapshot=None, drop=False, timeout=None, script=None):
+    """Run `bench_disk.py --worker SPEC` (or script's) in the cgroup when given
+    and return its result dict, with the group's memory figures under "memory"."""
     workdir = tempfile.mkdtemp(prefix="kd-disk-")
     spec_path, out_path = os.path.join(workdir, "spec.json"), os.path.join(workdir, "out.json")
     with open(spec_path, "w") as f:
@@ -197,8 +197,8 @@ def run_child(spec, *, cgroup=None, snapshot=None, drop=False, timeout=None):
     load0 = loadavg()
     t = time.perf_counter()
     try:
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec_path,
-                            out_path], env=child_env(snapshot), timeout=timeout,
+        r = subprocess.run([sys.executable, os.path.abspath(script or __file__), "--worker",
+                            spec_path, out_path], env=child_env(snapshot), timeout=timeout,
                            preexec_fn=cgroup.enter if cgroup else None)
         rc = r.returncode
     except subprocess.TimeoutExpired:
@@ -263,14 +263,14 @@ def batch_qps(search, queries, gt, min_s=1.0, passes=3):
             "passes": len(times)}
 
 
-def worker_main(spec_path, out_path):
+def worker_main(spec_path, out_path, tasks=None):
     import warnings
     warnings.simplefilter("ignore", RuntimeWarning)
     with open(spec_path) as f:
         spec = json.load(f)
     out = {"task": spec["task"]}
     try:
-        out.update(TASKS[spec["task"]](spec))
+        out.update((tasks or TASKS)[spec["task"]](spec))
     except Exception as e:  # reported in the results, the run goes on
         import traceback
         traceback.print_exc()
@@ -414,7 +414,7 @@ def task_diskann_build(spec):
     import diskannpy
     t = time.perf_counter()
     diskannpy.build_disk_index(
-        data=spec["bin"], distance_metric="l2", index_directory=spec["dir"],
+        data=spec["bin"], distance_metric=spec.get("metric", "l2"), index_directory=spec["dir"],
         complexity=spec["L"], graph_degree=spec["R"],
         search_memory_maximum=spec["search_gb"], build_memory_maximum=spec["build_gb"],
         num_threads=spec["threads"], pq_disk_bytes=0, vector_dtype=np.float32)
@@ -427,7 +427,7 @@ def task_diskann_search(spec):
     t = time.perf_counter()
     index = diskannpy.StaticDiskIndex(
         index_directory=spec["dir"], num_threads=2, num_nodes_to_cache=spec["cache_nodes"],
-        cache_mechanism=1, distance_metric="l2", vector_dtype=np.float32,
+        cache_mechanism=1, distance_metric=spec.get("metric", "l2"), vector_dtype=np.float32,
         dimensions=q.shape[1])
     out = {"open_s": time.perf_counter() - t, "points": []}
     for w in spec["beam_widths"]:
