@@ -14,7 +14,7 @@ BUILD_VS_HNSWLIB = 1.0
 RESIDENT_FRACTION = 1 / 8
 RESIDENT_TARGET_DIM = 768
 
-NOT_PEERS = ("knndirect", "knndirect-disk")
+NOT_PEERS = ("knndirect", "knndirect-disk", "knndirect-refined", "knndirect-refined-disk")
 
 
 # -- fronts and interpolation ----------------------------------------------------
