@@ -38,12 +38,13 @@ def vector_section(path):
 
 def read_through(path):
     """Read a file, or every file under a folder, once with O_DIRECT (past the
-    page cache). This VM's disk has a second cache behind it (the host's): rows never read
-    since they were written come back at a few thousand IOPS, rows read once
-    at the device's full rate, so a sweep's first pass at each new shortlist
-    length measured the host's cache, not the system (26 q/s one pass, 2,000
-    the next). Every system starts from the same state: its files read once,
-    the guest's page cache empty. Returns the bytes read."""
+    page cache); returns the bytes read. This VM's disk has a cache behind it
+    (the host's): blocks not read since they were written come back at about
+    40 MB/s, blocks read lately at over 1 GB/s. Without this, a sweep's first
+    pass at each new shortlist length measured that cache, not the system
+    (26 q/s one pass, 2,185 the next). Read through, every system starts from
+    the same state, as far as the host's cache holds its files (4.4 GiB at
+    1M x 768 did not stay)."""
     import mmap
     buf, total = mmap.mmap(-1, 1 << 20), 0
     walk = os.walk(path) if os.path.isdir(path) else \
