@@ -133,6 +133,8 @@ def task_sweep(spec):
         out["points"].append(b)
         print(f"  {spec['system']} {point}: recall {b['recall']:.4f}, {b['qps']:,.0f} q/s",
               flush=True)
+        with open(spec["partial"], "w") as f:  # kept if the child is stopped
+            json.dump(out, f)
         if b["recall"] >= ENOUGH and not point.get("default"):
             done_rows.add(point[row_key])
     ok = [p for p in out["points"] if p["recall"] >= TARGET_RECALL]
@@ -202,11 +204,19 @@ def sweep(name, folder, ds, metric, cg, root, kd_info, timeout):
         if ok:
             out["at_target"] = max(ok, key=lambda x: x["qps"])
         return out
+    partial = os.path.join(os.path.dirname(folder), f"{name}.partial.json")
     spec = {"task": "sweep", "system": name, "dir": folder, "queries": ds.query_path,
             "gt": ds.gt_path, "n": ds.n, "dim": ds.dim, "metric": metric,
-            "scratch": os.path.dirname(folder), "default": int(name.startswith("knndirect"))}
-    return bench_disk.run_child(spec, cgroup=cg, drop=root, script=__file__,
-                                timeout=timeout)
+            "scratch": os.path.dirname(folder), "default": int(name.startswith("knndirect")),
+            "partial": partial}
+    out = bench_disk.run_child(spec, cgroup=cg, drop=root, script=__file__, timeout=timeout)
+    if "error" in out and os.path.exists(partial):
+        # Stopped (the timeout) or failed: the points it measured still count.
+        with open(partial) as f:
+            out = dict(json.load(f), **out)
+    if os.path.exists(partial):
+        os.remove(partial)
+    return out
 
 
 def parse_args(argv):
