@@ -152,6 +152,12 @@ TASKS = dict(bench_disk.TASKS, build=task_build, sweep=task_sweep, baseline=task
 PEER_OF = {"diskann": "diskann"}
 
 
+def _builds_as(name):
+    """The folder a system's build lives in: knndirect's opened variants
+    search the index that its in-RAM name builds."""
+    return name.replace("-disk", "") if name.startswith("knndirect") else name
+
+
 def diskann_params(n, info):
     """bench_disk's diskann sizing: 192 PQ bytes a vector, and a node cache
     of what knndirect keeps in RAM beyond that."""
@@ -259,27 +265,23 @@ def main(argv=None):
            "machine": f"{platform.machine()}, {os.cpu_count()} cores", "kernel":
            platform.release(), "started": time.strftime("%Y-%m-%d %H:%M"),
            "loadavg_start": loadavg(), "git": bench_disk.git_state(), "systems": {}}
-    builds, kd_info = {}, None
+    builds, kd_info, resident = {}, None, []
     for name in names:
-        builds_as = name.replace("-disk", "") if name.startswith("knndirect") else name
+        builds_as = _builds_as(name)
         builds[name] = build(name, os.path.join(folder, builds_as), ds, base_path,
                              args.metric, kd_info)
-        if name.startswith("knndirect") and kd_info is None:
+        if name.startswith("knndirect"):
             import knndirect as kd
             with kd.open(os.path.join(folder, builds_as, "index.kdx")) as ix:
-                kd_info = ix.info()
+                info = ix.info()
+            kd_info = kd_info or info
+            resident.append(info["resident_bytes"])
     # One budget for every index: the fraction of the vectors, or the largest
     # knndirect RAM part + 64 MiB for result buffers where that is more. Each
     # system's cap is that budget + its own process baseline (Python, numpy
     # and the library imported, no index), measured here, so that a library's
     # heavier runtime is not charged to its index.
     data_bytes = ds.n * ds.dim * 4
-    resident = []
-    for name in names:
-        if name.startswith("knndirect"):
-            import knndirect as kd
-            with kd.open(os.path.join(folder, name.replace("-disk", ""), "index.kdx")) as ix:
-                resident.append(ix.info()["resident_bytes"])
     budget = max([int(args.cap_fraction * data_bytes)] + [r + BUFFERS_MIB * 2**20
                                                           for r in resident])
     res["cap"] = {"budget_bytes": budget, "fraction_of_data": budget / data_bytes,
@@ -310,7 +312,7 @@ def main(argv=None):
                 cg.set_limit(cap)
             log(f"[search] {name}: cap {cap / 2**20:.0f} MiB = budget + its baseline "
                 f"{base_rss / 2**20:.0f} MiB (load {loadavg()})")
-            builds_as = name.replace("-disk", "") if name.startswith("knndirect") else name
+            builds_as = _builds_as(name)
             t = time.perf_counter()
             warm = read_through(os.path.join(folder, builds_as))
             log(f"  read its {warm / 2**20:,.0f} MiB of files once with O_DIRECT in "
