@@ -6,19 +6,20 @@ diskannpy, on any set of the harness.
         --systems knndirect-disk,knndirect-refined-disk,lancedb
 
 Every system is built once (2 threads, cached under --dir) and then searched
-in a child process inside one memory cgroup whose limit counts the page cache:
-cap-fraction (default 1/4) of the float32 vectors, raised where a knndirect
-index's RAM part + 160 MiB for Python needs more (the same cap for every
-system, printed with the results). The page cache is dropped (sync; echo 3 >
-/proc/sys/vm/drop_caches) before each child. In the child: a sweep of the
-system's knobs, one batch of all queries per point with 2 threads, recall@10
-against the exact ground truth; then the point with the highest QPS at
-recall >= 0.95 is measured again over 5 batches (the median). Before each
-system's child its files are read once with O_DIRECT (read_through: the
-disk's host-side cache would otherwise decide the first pass at each point).
-Needs root for
-the cgroup and the cache drops; without it the figures are uncapped and warm,
-and the results say so.
+in a child process inside a memory cgroup whose limit counts the page cache.
+The limit is one index budget for every system (cap-fraction, default 1/4,
+of the float32 vectors, or the largest knndirect RAM part + 64 MiB where
+that is more) plus the system's own process baseline (Python, numpy and its
+library imported, no index; measured in the same run), all printed with the
+results. Before each child the system's files are read once with O_DIRECT
+(diskio.read_through: the disk's host-side cache would otherwise decide the
+first pass at each point) and the page cache is dropped (sync; echo 3 >
+/proc/sys/vm/drop_caches). In the child: a sweep of the system's knobs, one
+batch of all queries per point with 2 threads, recall@10 against the exact
+ground truth (saved after each point, so a child stopped by --timeout keeps
+them); then the point with the highest QPS at recall >= 0.95 is measured
+again over 5 batches (the median). Needs root for the cgroup and the cache
+drops; without it the figures are uncapped and warm, and the results say so.
 
 - knndirect-disk, knndirect-refined-disk: kd.open (graph and codes in RAM,
   float32 rows by O_DIRECT reads); the default search, then ef x oversample.
@@ -50,15 +51,17 @@ from bench_disk import batch_qps, log, loadavg  # noqa: E402
 from cgroup import Cgroup  # noqa: E402
 from disk_report import K, TARGET_RECALL, fmt  # noqa: E402
 from diskio import read_through  # noqa: E402
+from systems import kd_points  # noqa: E402
 
 BUFFERS_MIB = 64
 THREADS = 2
 CONFIRM_PASSES = 5
+# knndirect's grids start with its default search (kd_points).
 GRIDS = {
-    "knndirect-disk": [{"ef": ef, "oversample": o} for o in (2, 3, 4, 6, 8, 12)
-                       for ef in (32, 48, 64, 96, 128, 192, 256, 384, 512)],
-    "knndirect-refined-disk": [{"ef": ef, "oversample": o} for o in (1, 1.5, 2, 3)
-                               for ef in (32, 48, 64, 96, 128, 192, 256, 384)],
+    "knndirect-disk": kd_points(K, (32, 48, 64, 96, 128, 192, 256, 384, 512),
+                                (2, 3, 4, 6, 8, 12)),
+    "knndirect-refined-disk": kd_points(K, (32, 48, 64, 96, 128, 192, 256, 384),
+                                        (1, 1.5, 2, 3)),
     "lancedb": [{"nprobes": p, "refine_factor": r} for r in (1, 2, 5, 10, 20)
                 for p in (5, 10, 20, 40, 80, 160)],
 }
@@ -111,6 +114,12 @@ def task_baseline(spec):
     return {"rss_bytes": _rss_bytes()}
 
 
+def best_at_target(points):
+    """The point with the highest QPS at recall >= 0.95, or None."""
+    return max((p for p in points if p["recall"] >= TARGET_RECALL), key=lambda p: p["qps"],
+               default=None)
+
+
 def task_sweep(spec):
     """The knob sweep (one batch per point), then the best point at recall >=
     0.95 again over CONFIRM_PASSES batches."""
@@ -120,11 +129,9 @@ def task_sweep(spec):
     t = time.perf_counter()
     index = system.load(spec["dir"])
     out = {"open_s": time.perf_counter() - t, "points": []}
-    if hasattr(system, "info"):
-        out["info"] = system.info(index)
+    out["info"] = system.info(index)
     row_key, done_rows = ROW_KEY[spec["system"]], set()
-    for point in [{"ef": None, "oversample": None, "default": True}] * spec["default"] + \
-            GRIDS[spec["system"]]:
+    for point in GRIDS[spec["system"]]:
         if point.get(row_key) in done_rows:
             continue
         b = batch_qps(lambda x, p=point: system.search(index, x, p, THREADS), q, gt,
@@ -137,9 +144,8 @@ def task_sweep(spec):
             json.dump(out, f)
         if b["recall"] >= ENOUGH and not point.get("default"):
             done_rows.add(point[row_key])
-    ok = [p for p in out["points"] if p["recall"] >= TARGET_RECALL]
-    if ok:
-        best = max(ok, key=lambda p: p["qps"])
+    best = best_at_target(out["points"])
+    if best:
         point = {k: best[k] for k in best if k not in ("qps", "recall", "passes")}
         b = batch_qps(lambda x: system.search(index, x, point, THREADS), q, gt, min_s=0,
                       passes=CONFIRM_PASSES)
@@ -149,7 +155,6 @@ def task_sweep(spec):
 
 
 TASKS = dict(bench_disk.TASKS, build=task_build, sweep=task_sweep, baseline=task_baseline)
-PEER_OF = {"diskann": "diskann"}
 
 
 def _builds_as(name):
@@ -206,15 +211,14 @@ def sweep(name, folder, ds, metric, cg, root, kd_info, timeout):
         out = bench_disk.run_child(spec, cgroup=cg, drop=root, script=__file__,
                                    timeout=timeout)
         out["params"] = p
-        ok = [x for x in out.get("points", []) if x["recall"] >= TARGET_RECALL]
-        if ok:
-            out["at_target"] = max(ok, key=lambda x: x["qps"])
+        best = best_at_target(out.get("points", []))
+        if best:
+            out["at_target"] = best
         return out
     partial = os.path.join(os.path.dirname(folder), f"{name}.partial.json")
     spec = {"task": "sweep", "system": name, "dir": folder, "queries": ds.query_path,
             "gt": ds.gt_path, "n": ds.n, "dim": ds.dim, "metric": metric,
-            "scratch": os.path.dirname(folder), "default": int(name.startswith("knndirect")),
-            "partial": partial}
+            "scratch": os.path.dirname(folder), "partial": partial}
     out = bench_disk.run_child(spec, cgroup=cg, drop=root, script=__file__, timeout=timeout)
     if "error" in out and os.path.exists(partial):
         # Stopped (the timeout) or failed: the points it measured still count.
@@ -252,10 +256,10 @@ def main(argv=None):
     ds = bench_data.resolve(args.dataset, metric=args.metric)
     base_path = ds.base_path
     names = [s for s in args.systems.split(",") if s]
-    unknown = [s for s in names if s not in GRIDS and s not in PEER_OF]
+    known = sorted(GRIDS) + ["diskann"]
+    unknown = [s for s in names if s not in known]
     if unknown:
-        raise SystemExit(f"--systems: unknown {unknown}; choose from "
-                         f"{sorted(GRIDS) + sorted(PEER_OF)}")
+        raise SystemExit(f"--systems: unknown {unknown}; choose from {known}")
     root = os.geteuid() == 0
     folder = os.path.join(args.dir, f"{ds.name}-{args.metric}")
     res = {"command": "python benchmarks/bench_disk_peers.py " +
