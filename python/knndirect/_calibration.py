@@ -32,8 +32,18 @@ K = 10  # the k a build-time table is measured at
 # every node.
 MIN_INDEX = 1000
 # Calibration queries. 200 queries of k = 10 give 2,000 neighbours: a recall
-# near 0.95 is estimated within about +-0.01 (one standard error 0.005).
+# near 0.95 is estimated within about +-0.01 (one standard error 0.005) where
+# queries are alike. Real text varies more from query to query (mpnet-dict:
+# 0.0064 at 0.96, about 0.01 at 0.90), so where the standard error at the point
+# chosen for a promised target exceeds STDERR_BOUND (a third of recall='s
+# +-TOLERANCE), more held-out queries are measured, up to MOST_QUERIES in all:
+# the ladder of the first QUERIES, on the same beams.
 QUERIES = 200
+MOST_QUERIES = 400
+TOLERANCE = 0.02
+STDERR_BOUND = TOLERANCE / 3
+PROMISED = (0.90, 0.95, 0.98)
+HELD_SHARE = 25  # queries held out past QUERIES: at most 1/25 of the index
 # Fewer held-out vectors than this and the table would be noise: wait.
 MIN_QUERIES = 50
 # The table is measured again once the index has doubled.
@@ -79,57 +89,117 @@ def lengths(k, default_oversample, max_oversample=None):
     return sorted({max(k, math.ceil(k * s)) for s in LENGTH_STEPS if s <= top})
 
 
-def measure(core, queries, truth, k, *, hidden=None, threads=0, max_oversample=None,
-            source="build"):
-    """The calibration table of core for these queries (float32, C order)
-    and their true neighbours (int64, (n, k), -1 padded). max_oversample
-    given: the lengths stop there (no deeper ladder)."""
+def measure(core, queries, truth_of, k, *, hidden=None, threads=0, max_oversample=None,
+            source="build", first=None):
+    """The calibration table of core for these queries (float32, C order).
+    truth_of(lo, hi): the true neighbours of queries[lo:hi] (int64, (n, k),
+    -1 padded). first given: the table is measured on queries[:first], and
+    on as many of the rest as bring its error within STDERR_BOUND (the
+    queries must come in random order). max_oversample given: the lengths
+    stop there (no deeper ladder)."""
+    n = queries.shape[0]
+    first = n if first is None else min(first, n)
+    head = _Part(queries[:first], truth_of(0, first), hidden, 0, first)
     top = max_oversample or MAX_OVERSAMPLE
+    lens = _lengths(core, k, top)
     while True:
-        cal = _ladder(core, queries, truth, k, hidden, threads, top, source)
-        last = cal["recall"][-1]
+        rows = _ladder(core, head, k, threads, lens)
+        last = rows[-1].recall
         if (max_oversample or top >= LONGEST or len(last) < 2
                 or last[-1] - last[-2] <= FLAT):
-            return cal
+            break
         top *= 2
+        lens = _lengths(core, k, top)
+    cal = _table(core, rows, k, lens, source, first)
+    worst = max(_cheapest(cal, t, False)[4] for t in PROMISED)
+    if first < n and worst > STDERR_BOUND:
+        # Error shrinks as 1/sqrt(queries): as many more as that asks for.
+        more = min(n - first, max(MIN_QUERIES,
+                                  math.ceil(first * ((worst / STDERR_BOUND) ** 2 - 1))))
+        tail = _Part(queries[first:first + more], truth_of(first, first + more), hidden,
+                     first, first + more)
+        extra = _ladder(core, tail, k, threads, lens, [r.ef for r in rows])
+        cal = _table(core, [a.pooled(b) for a, b in zip(rows, extra)], k, lens, source,
+                     first + more)
+    return cal
 
 
-def _ladder(core, queries, truth, k, hidden, threads, top, source):
+class _Part:
+    """Some of the calibration queries, with their truth and hidden ids."""
+
+    def __init__(self, queries, truth, hidden, lo, hi):
+        self.queries = np.ascontiguousarray(queries, np.float32)
+        self.truth = np.ascontiguousarray(truth, np.int64).ravel()
+        self.hidden = None if hidden is None else np.ascontiguousarray(hidden[lo:hi], np.int64)
+
+
+class _Beam:
+    """One beam's sweep: recall and per-query spread at each shortlist
+    length, code distances and refinements per query, queries counted."""
+
+    def __init__(self, ef, recall, spread, scored, refined, used):
+        self.ef, self.scored, self.refined, self.used = ef, scored, refined, used
+        self.recall = np.asarray(recall, np.float64)
+        self.spread = np.asarray(spread, np.float64)
+
+    def pooled(self, other):
+        """The sweep of both query sets together."""
+        n = self.used + other.used
+        if not other.used or not self.used:
+            return self if other.used == 0 else other
+        w0, w1 = self.used / n, other.used / n
+        mean = w0 * self.recall + w1 * other.recall
+        square = (w0 * (self.spread ** 2 + self.recall ** 2)
+                  + w1 * (other.spread ** 2 + other.recall ** 2))
+        return _Beam(self.ef, mean, np.sqrt(np.maximum(square - mean ** 2, 0.0)),
+                     w0 * self.scored + w1 * other.scored,
+                     w0 * self.refined + w1 * other.refined, n)
+
+
+def _lengths(core, k, top):
+    return np.asarray(lengths(k, core.info()["default_oversample"], top), np.int64)
+
+
+def _ladder(core, part, k, threads, lens, efs=None):
+    """The sweeps of a geometric ladder of beams, from k up while recall
+    rises; efs given: those beams."""
     info = core.info()
-    lens = np.asarray(lengths(k, info["default_oversample"], top), np.int64)
     cap = max(k, min(EF_CAP, info["count"]))
-    truth = np.ascontiguousarray(truth, np.int64).ravel()
-    efs, table, stderr, scored, refined = [], [], [], [], []
     probe = -1
     if "+" in info["quantization"]:
-        probe = int(np.searchsorted(lens, REFINED_PROBE * k))
-        probe = min(probe, len(lens) - 1)
-    ef = k
+        probe = min(int(np.searchsorted(lens, REFINED_PROBE * k)), len(lens) - 1)
+    rows = []
+    ef = k if efs is None else efs[0]
     while True:
-        recall, spread, nodes, reest, used = core.recall_sweep(queries, hidden, truth, k, ef,
-                                                               lens, threads)
-        efs.append(ef)
-        table.append([round(float(r), 5) for r in recall])
-        stderr.append([round(float(s) / math.sqrt(max(used - 1, 1)), 5) for s in spread])
-        scored.append(round(nodes, 1))
-        refined.append(round(reest, 1))
-        best = [row[probe] for row in table]
+        rows.append(_Beam(ef, *core.recall_sweep(part.queries, part.hidden, part.truth, k, ef,
+                                                 lens, threads)))
+        if efs is not None:
+            if len(rows) == len(efs):
+                return rows
+            ef = efs[len(rows)]
+            continue
+        best = [r.recall[probe] for r in rows]
         flat = len(best) >= 3 and best[-1] - best[-3] < FLAT and ef >= 4 * k
         if best[-1] >= SATURATED or flat or ef >= cap:
-            break
+            return rows
         ef = min(cap, max(ef + 1, round(ef * EF_STEP)))
+
+
+def _table(core, rows, k, lens, source, queries):
     cal = {
         "format": FORMAT,
         "source": source,
         "k": int(k),
-        "count": int(info["count"]),
-        "queries": int(queries.shape[0]),
-        "ef": efs,
+        "count": int(core.info()["count"]),
+        "queries": int(queries),
+        "ef": [r.ef for r in rows],
         "shortlist": [int(x) for x in lens],
-        "recall": table,
-        "stderr": stderr,
-        "scored": scored,
+        "recall": [[round(float(x), 5) for x in r.recall] for r in rows],
+        "stderr": [[round(float(s) / math.sqrt(max(r.used - 1, 1)), 5) for s in r.spread]
+                   for r in rows],
+        "scored": [round(r.scored, 1) for r in rows],
     }
+    refined = [round(r.refined, 1) for r in rows]
     if any(refined):  # refined codes: a key older builds ignore
         cal["refined"] = refined
     return cal
@@ -168,31 +238,39 @@ def choose(cal, target, k, sure=False):
     measured beams that bracket it; the best measured point when none
     reaches it. sure: the recall less SURE_Z standard errors must reach it
     (a default of 0.95 is then met with 95% confidence, not a coin toss)."""
+    _, ef, length, expect, _ = _cheapest(cal, target, sure)
+    # Measured at the table's k: a larger k keeps the beam as wide relative to k.
+    scale = max(1.0, k / cal["k"])
+    return max(k, math.ceil(ef * scale)), length / cal["k"], round(expect, 4)
+
+
+def _cheapest(cal, target, sure):
+    """choose's point at the table's k: (cost, ef, shortlist length, expected
+    recall, its standard error)."""
     efs, lens, measured = cal["ef"], cal["shortlist"], np.asarray(cal["recall"])
-    sure = measured - (SURE_Z if sure else 0.0) * np.asarray(cal["stderr"])
+    stderr = np.asarray(cal["stderr"])
+    bound = measured - (SURE_Z if sure else 0.0) * stderr
     log_ef = np.log(efs)
     scored = np.asarray(cal["scored"]) + REFINED_COST * np.asarray(cal.get("refined", 0.0))
     best = None
     for j, length in enumerate(lens):
-        hit = np.flatnonzero(sure[:, j] >= target)
+        hit = np.flatnonzero(bound[:, j] >= target)
         if not hit.size:
             continue
         i = int(hit[0])
         # Where between beam i - 1 and beam i the bound reaches target (0..1).
-        f = 1.0 if i == 0 else _between(0.0, 1.0, sure[i - 1, j], sure[i, j], target)
+        f = 1.0 if i == 0 else _between(0.0, 1.0, bound[i - 1, j], bound[i, j], target)
         lo = max(i - 1, 0)
         ef = math.exp(log_ef[lo] + f * (log_ef[i] - log_ef[lo]))
         cost = scored[lo] + f * (scored[i] - scored[lo]) + length * ROW_COST
         expect = measured[lo, j] + f * (measured[i, j] - measured[lo, j])
+        se = stderr[lo, j] + f * (stderr[i, j] - stderr[lo, j])
         if best is None or cost < best[0]:
-            best = (cost, math.ceil(ef), length, float(expect))
+            best = (cost, math.ceil(ef), length, float(expect), float(se))
     if best is None:
         i, j = np.unravel_index(int(np.argmax(measured)), measured.shape)
-        best = (0.0, efs[i], lens[j], float(measured[i, j]))
-    _, ef, length, expect = best
-    # Measured at the table's k: a larger k keeps the beam as wide relative to k.
-    scale = max(1.0, k / cal["k"])
-    return max(k, math.ceil(ef * scale)), length / cal["k"], round(expect, 4)
+        best = (0.0, efs[i], lens[j], float(measured[i, j]), float(stderr[i, j]))
+    return best
 
 
 def curve(cal):
@@ -216,10 +294,13 @@ def due(cal, count):
 
 
 def holdout(n, count_after, seed):
-    """Positions of an add of n vectors to hold out as calibration queries:
-    none when no table is due or too few would be held out."""
-    m = min(QUERIES, n // 2)
+    """Positions of an add of n vectors to hold out as calibration queries,
+    in random order (measure takes the first QUERIES, then more if need be):
+    none when too few would be held out."""
+    # More than QUERIES only while they are a small share of the index: the
+    # table is measured on the graph without them.
+    m = min(n // 2, max(QUERIES, min(MOST_QUERIES, count_after // HELD_SHARE)))
     if m < MIN_QUERIES:
         return None
     rng = np.random.default_rng([seed & (2**63 - 1), count_after])
-    return np.sort(rng.choice(n, m, replace=False))
+    return rng.choice(n, m, replace=False)

@@ -255,16 +255,20 @@ class Index:
         self._core.set_calibration(_calibration.encode(cal) if cal else b"")
         self._cal, self._choices = cal, {}
 
-    def _calibrate(self, queries, k, threads, source, truth=None, hidden=None,
-                   max_oversample=None, started=None):
+    def _calibrate(self, queries, k, threads, source, *, truth_of=None, hidden=None,
+                   max_oversample=None, started=None, first=None):
         """Measure the table on queries (their true neighbours found by brute
-        force unless given) and keep it."""
+        force unless truth_of(lo, hi) gives those of queries[lo:hi]) and keep
+        it. first: measure that many, and the rest only if the table's error
+        asks for them."""
         t0 = started or time.perf_counter()
         q = _float32(queries)
-        if truth is None:
-            _, truth = self._core.search(q, k, 0, 0.0, True, True, threads or 0, None)
-        cal = _calibration.measure(self._core, q, truth, k, hidden=hidden, threads=threads or 0,
-                                   max_oversample=max_oversample, source=source)
+        if truth_of is None:
+            def truth_of(lo, hi):
+                return self._core.search(q[lo:hi], k, 0, 0.0, True, True, threads or 0, None)[1]
+        cal = _calibration.measure(self._core, q, truth_of, k, hidden=hidden,
+                                   threads=threads or 0, max_oversample=max_oversample,
+                                   source=source, first=first)
         self._set_calibration(cal)
         # Not in the file: a threads=1 build saves the same bytes every time.
         self._cal_seconds = round(time.perf_counter() - t0, 4)
@@ -281,16 +285,21 @@ class Index:
             return
         k = _calibration.K
         rng = np.random.default_rng([self._seed & (2**63 - 1), live.shape[0]])
-        ids = np.sort(rng.choice(live, _calibration.QUERIES, replace=False))
+        ids = rng.choice(live, _calibration.MOST_QUERIES, replace=False)
         t0 = time.perf_counter()
         q = np.ascontiguousarray(self._core.get_vectors(ids))
-        _, found = self._core.search(q, k + 1, 0, 0.0, True, True, threads or 0, None)
-        # The truth without the query's own id (or, when duplicates crowd it
-        # out of the top k + 1, without the last).
-        keep = found != ids[:, None]
-        keep[keep.all(axis=1), -1] = False
-        self._calibrate(q, k, threads, source, truth=found[keep].reshape(len(ids), k),
-                        hidden=ids, started=t0)
+
+        def truth_of(lo, hi):
+            _, found = self._core.search(q[lo:hi], k + 1, 0, 0.0, True, True, threads or 0,
+                                         None)
+            # The truth without the query's own id (or, when duplicates crowd
+            # it out of the top k + 1, without the last).
+            keep = found != ids[lo:hi, None]
+            keep[keep.all(axis=1), -1] = False
+            return found[keep].reshape(hi - lo, k)
+
+        self._calibrate(q, k, threads, source, truth_of=truth_of, hidden=ids, started=t0,
+                        first=_calibration.QUERIES)
 
     def _holdout(self, n):
         """Positions of an add of n rows to hold out as calibration queries,
@@ -419,7 +428,8 @@ class Index:
                 if report is not None and report(end, n) is False:
                     break
             if held is not None and done == n:
-                self._calibrate(x[held], _calibration.K, nthreads, "build")
+                self._calibrate(x[held], _calibration.K, nthreads, "build",
+                                first=_calibration.QUERIES)
         finally:
             # Whatever happened, the index holds exactly the chunks done, held
             # rows included. A chunk is done when its rows are in: Ctrl-C can
