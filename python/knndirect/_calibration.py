@@ -34,14 +34,16 @@ MIN_INDEX = 1000
 # Calibration queries. 200 queries of k = 10 give 2,000 neighbours: a recall
 # near 0.95 is estimated within about +-0.01 (one standard error 0.005) where
 # queries are alike. Real text varies more from query to query (mpnet-dict:
-# 0.0064 at 0.96, about 0.01 at 0.90), so where the standard error at the point
-# chosen for a promised target exceeds STDERR_BOUND (a third of recall='s
-# +-TOLERANCE), more held-out queries are measured, up to MOST_QUERIES in all:
-# the ladder of the first QUERIES, on the same beams.
+# 0.0064 at 0.96, about 0.011 at 0.90), so where the standard error at the
+# point chosen for a promised target exceeds STDERR_BOUND (recall='s
+# +-TOLERANCE is then 2.5 standard errors: 99% of tables), more held-out
+# queries are measured on the same beams, up to MOST_QUERIES in all. Each
+# query costs about 1/40 of a percent of a 100k build (the brute force for
+# its truth and its ladder), so the bound is what keeps that under 5%.
 QUERIES = 200
 MOST_QUERIES = 400
 TOLERANCE = 0.02
-STDERR_BOUND = TOLERANCE / 3
+STDERR_BOUND = TOLERANCE / 2.5
 PROMISED = (0.90, 0.95, 0.98)
 HELD_SHARE = 25  # queries held out past QUERIES: at most 1/25 of the index
 # Fewer held-out vectors than this and the table would be noise: wait.
@@ -101,24 +103,28 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, max_oversampl
     first = n if first is None else min(first, n)
     head = _Part(queries[:first], truth_of(0, first), hidden, 0, first)
     top = max_oversample or MAX_OVERSAMPLE
-    lens = _lengths(core, k, top)
+    measured_to = 0.0
     while True:
-        rows = _ladder(core, head, k, threads, lens)
+        if top > measured_to:
+            # One doubling ahead: where the shortlists must deepen, their
+            # columns are there already (a shorter shortlist is a prefix).
+            measured_to = top if max_oversample else min(2 * top, LONGEST)
+            lens = _lengths(core, k, measured_to)
+            rows = _ladder(core, head, k, threads, lens, len(_lengths(core, k, top)) - 1)
+        j = len(_lengths(core, k, top)) - 1
         last = rows[-1].recall
-        if (max_oversample or top >= LONGEST or len(last) < 2
-                or last[-1] - last[-2] <= FLAT):
+        if max_oversample or top >= LONGEST or j < 1 or last[j] - last[j - 1] <= FLAT:
             break
         top *= 2
-        lens = _lengths(core, k, top)
+    lens, rows = lens[:j + 1], [r.first(j + 1) for r in rows]
     cal = _table(core, rows, k, lens, source, first)
     worst = max(_cheapest(cal, t, False)[4] for t in PROMISED)
     if first < n and worst > STDERR_BOUND:
         # Error shrinks as 1/sqrt(queries): as many more as that asks for.
-        more = min(n - first, max(MIN_QUERIES,
-                                  math.ceil(first * ((worst / STDERR_BOUND) ** 2 - 1))))
+        more = min(n - first, math.ceil(first * ((worst / STDERR_BOUND) ** 2 - 1)))
         tail = _Part(queries[first:first + more], truth_of(first, first + more), hidden,
                      first, first + more)
-        extra = _ladder(core, tail, k, threads, lens, [r.ef for r in rows])
+        extra = _ladder(core, tail, k, threads, lens, len(lens) - 1, [r.ef for r in rows])
         cal = _table(core, [a.pooled(b) for a, b in zip(rows, extra)], k, lens, source,
                      first + more)
     return cal
@@ -142,6 +148,11 @@ class _Beam:
         self.recall = np.asarray(recall, np.float64)
         self.spread = np.asarray(spread, np.float64)
 
+    def first(self, m):
+        """The first m shortlist lengths."""
+        return _Beam(self.ef, self.recall[:m], self.spread[:m], self.scored, self.refined,
+                     self.used)
+
     def pooled(self, other):
         """The sweep of both query sets together."""
         n = self.used + other.used
@@ -160,14 +171,14 @@ def _lengths(core, k, top):
     return np.asarray(lengths(k, core.info()["default_oversample"], top), np.int64)
 
 
-def _ladder(core, part, k, threads, lens, efs=None):
-    """The sweeps of a geometric ladder of beams, from k up while recall
-    rises; efs given: those beams."""
+def _ladder(core, part, k, threads, lens, longest, efs=None):
+    """The sweeps of a geometric ladder of beams, from k up while recall at
+    shortlist lens[longest] rises; efs given: those beams."""
     info = core.info()
     cap = max(k, min(EF_CAP, info["count"]))
-    probe = -1
+    probe = longest
     if "+" in info["quantization"]:
-        probe = min(int(np.searchsorted(lens, REFINED_PROBE * k)), len(lens) - 1)
+        probe = min(int(np.searchsorted(lens, REFINED_PROBE * k)), longest)
     rows = []
     ef = k if efs is None else efs[0]
     while True:
