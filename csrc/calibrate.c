@@ -1,9 +1,7 @@
 /* calibrate.c — recall against ef and shortlist length (calibrate.h). */
 #include "calibrate.h"
 #include "common.h"
-#include "exact.h"
 #include "search.h"
-#include "vecio.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -25,67 +23,20 @@ struct sweep_run {
     struct sweep_sums t;
 };
 
-/* Per worker: the shortlist's vectors when they are on disk. */
+/* Per worker: the query's true neighbours, as rows. */
 struct sweep_worker {
-    uint64_t *rows64;
-    uint8_t *buf;
-    const float **vec;
     uint32_t *truth;
 };
 
-static void worker_free(struct sweep_worker *w)
+static int in_truth(uint32_t row, const uint32_t *truth, size_t nt)
 {
-    free(w->rows64);
-    kd_free_aligned(w->buf);
-    free(w->vec);
-    free(w->truth);
+    for (size_t j = 0; j < nt; j++)
+        if (truth[j] == row)
+            return 1;
+    return 0;
 }
 
-static int worker_alloc(struct kd_index *ix, size_t most, size_t k, struct sweep_worker *w)
-{
-    w->vec = malloc(most * sizeof *w->vec);
-    w->truth = malloc(k * sizeof *w->truth);
-    int ok = w->vec && w->truth;
-    if (ok && ix->vio) {
-        w->rows64 = malloc(most * sizeof *w->rows64);
-        w->buf = kd_alloc_aligned(kd_vecio_buffer_alignment(ix->vio), most * ix->record_stride);
-        ok = w->rows64 && w->buf;
-    }
-    return ok ? 0 : kd_fail(-ENOMEM, "out of memory for a calibration");
-}
-
-/* The vectors of res[0..n): in place in memory, else one batch read. */
-static int fetch(struct kd_index *ix, struct sweep_worker *w, const struct kd_heap_item *res,
-                 size_t n)
-{
-    if (!ix->vio) {
-        for (size_t i = 0; i < n; i++)
-            w->vec[i] = ix->vectors + (size_t)res[i].row * ix->p.dim;
-        return 0;
-    }
-    for (size_t i = 0; i < n; i++)
-        w->rows64[i] = res[i].row;
-    struct kd_io_counters io = {0, 0, 0};
-    int err = ix->src->get_rows(ix, w->rows64, n, w->buf, ix->record_stride, &io);
-    for (size_t i = 0; i < n; i++)
-        w->vec[i] = (const float *)(w->buf + i * ix->record_stride);
-    return err;
-}
-
-static size_t found(const struct kd_heap_item *top, size_t ntop, const uint32_t *truth, size_t nt)
-{
-    size_t hits = 0;
-    for (size_t i = 0; i < ntop; i++)
-        for (size_t j = 0; j < nt; j++)
-            if (top[i].row == truth[j]) {
-                hits++;
-                break;
-            }
-    return hits;
-}
-
-/* One query: the graph search with the longest shortlist, then each prefix
- * length's exact top k against the truth. hits[l] gets its count. */
+/* Length l's sums get a query's hits among nt true neighbours. */
 static void count_hits(struct sweep_sums *t, size_t l, size_t hits, size_t nt)
 {
     double r = (double)hits / (double)nt;
@@ -94,6 +45,8 @@ static void count_hits(struct sweep_sums *t, size_t l, size_t hits, size_t nt)
     t->sum2[l] += r * r;
 }
 
+/* One query: the graph search with the longest shortlist, then the true
+ * neighbours each prefix length holds. */
 static int sweep_query(struct sweep_run *r, struct kd_search_ctx *c, struct sweep_worker *w,
                        size_t i, struct sweep_sums *t)
 {
@@ -127,19 +80,18 @@ static int sweep_query(struct sweep_run *r, struct kd_search_ctx *c, struct swee
     /* A search with a shortlist of at most ef refines as many. */
     t->refined += c->st.refined - refined;
     n = n < most ? n : most;
-    if ((err = fetch(ix, w, res, n)))
-        return err;
-    size_t ntop = 0, l = 0;
+    /* A true neighbour in a prefix is in that prefix's exact top k (fewer
+     * than k vectors are closer than it): the rerank of a prefix finds
+     * exactly the true neighbours it holds, and none need be read or
+     * rescored. */
+    size_t hits = 0, l = 0;
     for (size_t j = 0; j < n; j++) {
-        float inv = 0;
-        if (ix->metric->normalized)
-            inv = ix->inv_norms ? ix->inv_norms[res[j].row] : kd_inv_norm(ix, w->vec[j]);
-        kd_topk_offer(c->top, &ntop, k, kd_exact_dist(ix, c->q, w->vec[j], inv), res[j].row);
+        hits += in_truth(res[j].row, w->truth, nt);
         for (; l < sw->nlens && sw->lens[l] == j + 1; l++)
-            count_hits(t, l, found(c->top, ntop, w->truth, nt), nt);
+            count_hits(t, l, hits, nt);
     }
-    for (size_t h = found(c->top, ntop, w->truth, nt); l < sw->nlens; l++)
-        count_hits(t, l, h, nt); /* lengths past what the beam scored */
+    for (; l < sw->nlens; l++)
+        count_hits(t, l, hits, nt); /* lengths past what the beam scored */
     t->truths += nt;
     t->queries++;
     return 0;
@@ -151,11 +103,12 @@ static void *sweep_worker(void *arg)
     struct kd_index *ix = r->ix;
     size_t nl = r->sw->nlens;
     struct kd_search_ctx *c = kd_search_ctx_get(ix);
-    struct sweep_worker w = {NULL, NULL, NULL, NULL};
+    struct sweep_worker w = {malloc(r->sw->k * sizeof *w.truth)};
     struct sweep_sums t = {calloc(nl, sizeof *t.hits), 0, 0, 0, 0, calloc(nl, sizeof *t.sum),
                            calloc(nl, sizeof *t.sum2)};
-    int err = c && t.hits && t.sum && t.sum2 ? worker_alloc(ix, r->sw->lens[nl - 1], r->sw->k, &w)
-                                             : kd_fail(-ENOMEM, "out of memory for a calibration");
+    int err = c && t.hits && t.sum && t.sum2 && w.truth
+                  ? 0
+                  : kd_fail(-ENOMEM, "out of memory for a calibration");
     while (!err && !kd_first_error_set(&r->fe)) {
         size_t i = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED);
         if (i >= r->sw->nq)
@@ -178,7 +131,7 @@ static void *sweep_worker(void *arg)
         memset(&c->st, 0, sizeof c->st); /* calibration is not the user's traffic */
         kd_search_ctx_put(ix, c);
     }
-    worker_free(&w);
+    free(w.truth);
     free(t.hits);
     free(t.sum);
     free(t.sum2);

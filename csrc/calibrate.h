@@ -5,7 +5,9 @@
  * One call measures one ef. Each query's graph search keeps the longest
  * shortlist; a shorter one is its prefix (the shortlist is the best of the
  * nodes the beam scored, and the beam does not depend on its length), so
- * every length is scored from the same search. */
+ * every length is scored from the same search. What a prefix's exact rerank
+ * would return of the truth is the truth it holds (fewer than k vectors are
+ * closer than a true neighbour), so nothing is read or rescored. */
 #ifndef KD_CALIBRATE_H
 #define KD_CALIBRATE_H
 

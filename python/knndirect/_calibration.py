@@ -91,29 +91,28 @@ def lengths(k, default_oversample, max_oversample=None):
     return sorted({max(k, math.ceil(k * s)) for s in LENGTH_STEPS if s <= top})
 
 
-def measure(core, queries, truth_of, k, *, hidden=None, threads=0, max_oversample=None,
-            source="build", first=None):
+def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build",
+            first=None):
     """The calibration table of core for these queries (float32, C order).
     truth_of(lo, hi): the true neighbours of queries[lo:hi] (int64, (n, k),
     -1 padded). first given: the table is measured on queries[:first], and
     on as many of the rest as bring its error within STDERR_BOUND (the
-    queries must come in random order). max_oversample given: the lengths
-    stop there (no deeper ladder)."""
+    queries must come in random order)."""
     n = queries.shape[0]
     first = n if first is None else min(first, n)
     head = _Part(queries[:first], truth_of(0, first), hidden, 0, first)
-    top = max_oversample or MAX_OVERSAMPLE
+    top = MAX_OVERSAMPLE
     measured_to = 0.0
     while True:
         if top > measured_to:
             # One doubling ahead: where the shortlists must deepen, their
             # columns are there already (a shorter shortlist is a prefix).
-            measured_to = top if max_oversample else min(2 * top, LONGEST)
+            measured_to = min(2 * top, LONGEST)
             lens = _lengths(core, k, measured_to)
             rows = _ladder(core, head, k, threads, lens, len(_lengths(core, k, top)) - 1)
         j = len(_lengths(core, k, top)) - 1
         last = rows[-1].recall
-        if max_oversample or top >= LONGEST or j < 1 or last[j] - last[j - 1] <= FLAT:
+        if top >= LONGEST or j < 1 or last[j] - last[j - 1] <= FLAT:
             break
         top *= 2
     lens, rows = lens[:j + 1], [r.first(j + 1) for r in rows]

@@ -256,7 +256,7 @@ class Index:
         self._cal, self._choices = cal, {}
 
     def _calibrate(self, queries, k, threads, source, *, truth_of=None, hidden=None,
-                   max_oversample=None, started=None, first=None):
+                   started=None, first=None):
         """Measure the table on queries (their true neighbours found by brute
         force unless truth_of(lo, hi) gives those of queries[lo:hi]) and keep
         it. first: measure that many, and the rest only if the table's error
@@ -267,8 +267,7 @@ class Index:
             def truth_of(lo, hi):
                 return self._core.search(q[lo:hi], k, 0, 0.0, True, True, threads or 0, None)[1]
         cal = _calibration.measure(self._core, q, truth_of, k, hidden=hidden,
-                                   threads=threads or 0, max_oversample=max_oversample,
-                                   source=source, first=first)
+                                   threads=threads or 0, source=source, first=first)
         self._set_calibration(cal)
         # Not in the file: a threads=1 build saves the same bytes every time.
         self._cal_seconds = round(time.perf_counter() - t0, 4)
@@ -547,9 +546,7 @@ class Index:
             raise ValueError(f"tune needs an index of more than k = {k} vectors")
         nthreads = _positive_int(_default(threads, self._threads), "threads",
                                  maximum=UINT32_MAX)
-        # On disk every shortlisted row of every beam is a read: shorter ladder.
-        self._calibrate(q, k, nthreads, "tune",
-                        max_oversample=_calibration.MAX_OVERSAMPLE / 2 if self._on_disk else None)
+        self._calibrate(q, k, nthreads, "tune")
         return self.info()["calibration"]
 
     def get_vectors(self, ids):
