@@ -5,7 +5,8 @@ for a target read back from that table.
 The table is measured by the core (``recall_sweep``): for each ef of a
 geometric ladder, one graph search per query keeps the longest shortlist,
 and every shorter shortlist is its prefix, so all lengths are scored from the
-same search. The index keeps the table as opaque bytes in its file (format
+same search, by the true neighbours each prefix holds (its exact rerank would
+keep every one of them). The index keeps the table as opaque bytes in its file (format
 2, section "calibration"); this module encodes and reads them.
 
 Queries are what the table is worth. At build time they are vectors of the
@@ -38,8 +39,8 @@ MIN_INDEX = 1000
 # point chosen for a promised target exceeds STDERR_BOUND (recall='s
 # +-TOLERANCE is then 2.5 standard errors: 99% of tables), more held-out
 # queries are measured on the same beams, up to MOST_QUERIES in all. Each
-# query costs about 1/40 of a percent of a 100k build (the brute force for
-# its truth and its ladder), so the bound is what keeps that under 5%.
+# query costs 0.01-0.016% of a 100k build (the brute force for its truth and
+# its ladder): 400 stay under the 5% budget, and the bound decides how few.
 QUERIES = 200
 MOST_QUERIES = 400
 TOLERANCE = 0.02
