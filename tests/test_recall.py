@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import knndirect as kd
-from conftest import (METRICS, assert_rows_sorted, brute_force, build,
+from conftest import (METRICS, assert_rows_sorted, brute_force, build, clustered,
                       recall_at_k, score_matrix, split)
 
 K = 10
@@ -31,11 +31,18 @@ def case(request, dataset):
 
 
 def test_recall_default_parameters(case):
+    """The default search reaches 0.95, measured on 2,000 fresh queries of
+    the same distribution: on the fixture's 200 alone the recall itself
+    varies by about +-0.006, as much as the margin the default keeps."""
     metric, base, queries, index, gtD, gtI = case
     D, I = index.search(queries, K)
     assert D.shape == (NQ, K) and I.shape == (NQ, K)
     assert D.dtype == np.float32 and I.dtype == np.int64
-    r = recall_at_k(I, gtI)
+    n, d = base.shape
+    fresh = clustered(n + 2000, d, 1000 + d)[n:]
+    _, truth = brute_force(base, fresh, K, metric)
+    _, I = index.search(fresh, K)
+    r = recall_at_k(I, truth)
     assert r >= 0.95, "recall@10 = %.4f for %s %s (want >= 0.95)" % (r, metric, base.shape)
 
 
