@@ -101,17 +101,21 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
     queries must come in random order)."""
     n = queries.shape[0]
     first = n if first is None else min(first, n)
-    head = _Part(queries[:first], truth_of(0, first), hidden, 0, first)
+
+    def part(lo, hi):
+        return _Part(queries[lo:hi], truth_of(lo, hi), None if hidden is None else hidden[lo:hi])
+
+    head = part(0, first)
     top = MAX_OVERSAMPLE
     measured_to = 0.0
     while True:
+        j = len(_lengths(core, k, top)) - 1
         if top > measured_to:
             # One doubling ahead: where the shortlists must deepen, their
             # columns are there already (a shorter shortlist is a prefix).
             measured_to = min(2 * top, LONGEST)
             lens = _lengths(core, k, measured_to)
-            rows = _ladder(core, head, k, threads, lens, len(_lengths(core, k, top)) - 1)
-        j = len(_lengths(core, k, top)) - 1
+            rows = _ladder(core, head, k, threads, lens, j)
         last = rows[-1].recall
         if top >= LONGEST or j < 1 or last[j] - last[j - 1] <= FLAT:
             break
@@ -122,9 +126,8 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
     if first < n and worst > STDERR_BOUND:
         # Error shrinks as 1/sqrt(queries): as many more as that asks for.
         more = min(n - first, math.ceil(first * ((worst / STDERR_BOUND) ** 2 - 1)))
-        tail = _Part(queries[first:first + more], truth_of(first, first + more), hidden,
-                     first, first + more)
-        extra = _ladder(core, tail, k, threads, lens, len(lens) - 1, [r.ef for r in rows])
+        extra = _ladder(core, part(first, first + more), k, threads, lens, len(lens) - 1,
+                        [r.ef for r in rows])
         cal = _table(core, [a.pooled(b) for a, b in zip(rows, extra)], k, lens, source,
                      first + more)
     return cal
@@ -133,10 +136,10 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
 class _Part:
     """Some of the calibration queries, with their truth and hidden ids."""
 
-    def __init__(self, queries, truth, hidden, lo, hi):
+    def __init__(self, queries, truth, hidden):
         self.queries = np.ascontiguousarray(queries, np.float32)
         self.truth = np.ascontiguousarray(truth, np.int64).ravel()
-        self.hidden = None if hidden is None else np.ascontiguousarray(hidden[lo:hi], np.int64)
+        self.hidden = None if hidden is None else np.ascontiguousarray(hidden, np.int64)
 
 
 class _Beam:
