@@ -192,9 +192,11 @@ def test_small_index_has_no_calibration():
     assert index.info()["calibration"] is None
     assert index.info()["default_ef"] == 64
     _, truth = brute_force(base, queries, K, "l2")
-    # recall= on it widens the beam to every node.
+    # recall= on it asks for a shortlist of every node: an exact search.
+    index.stats(reset=True)
     _, ids = index.search(queries, K, recall=0.99)
-    assert recall_at_k(ids, truth) >= 0.99
+    assert index.stats()["exact_queries"] == len(queries)
+    assert recall_at_k(ids, truth) == 1.0
 
 
 def test_small_adds_keep_the_calibration_until_one_can_hold_queries_out():

@@ -159,11 +159,12 @@ def _recall_target(recall, ef, oversample):
 
 def _uncalibrated(k, recall, live):
     """(ef, oversample) where no calibration exists: ef 64 by default; for
-    recall= a beam over every node of a small index, else an error."""
+    recall= on a small index a shortlist of every node, which the core answers
+    exactly (the 1-bit order misses neighbours at any beam), else an error."""
     if recall is None:
         return None, None  # small, or from before calibrations
     if live < _calibration.MIN_INDEX:
-        return max(k, live), None
+        return max(k, live), max(1.0, live / k)
     raise ValueError("no recall calibration here (written by an older version, or grown by "
                      "adds too small to hold queries out): call tune(queries) once")
 
@@ -481,7 +482,7 @@ class Index:
             a search aims at 0.95 with 95% confidence. An index without a
             calibration (fewer than 1,000 vectors; a file written before
             calibrations existed) searches with ef 64 by default; with
-            recall given, a small one widens the beam to every node and a
+            recall given, a small one is searched exactly and a
             large one raises ValueError until ``tune`` is called.
         rerank : bool
             False returns the quantized estimates, with no vector reads.
