@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import knndirect as kd
-from conftest import brute_force, open_quiet, recall_at_k, split
+from conftest import brute_force, clustered, open_quiet, recall_at_k, split
 from knndirect import _calibration
 
 K = 10
@@ -99,8 +99,12 @@ def test_cost_rises_with_the_target(built):
 
 
 def test_default_search_reaches_095(built):
-    metric, _, queries, truth, index = built
-    _, ids = index.search(queries, K)
+    """Measured on 4,000 fresh queries of the same distribution: on 1,000 the
+    recall itself varies by about +-0.003, most of the default's margin."""
+    metric, base, _, _, index = built
+    fresh = clustered(len(base) + 4000, 64, 4200)[len(base):]
+    _, truth = brute_force(base, fresh, K, metric)
+    _, ids = index.search(fresh, K)
     got = recall_at_k(ids, truth)
     assert got >= 0.95, f"{metric}: default recall {got:.4f}"
     info = index.info()
