@@ -60,11 +60,12 @@ SURE_Z = 1.645
 # at the widest beam), the ladder is measured again with lengths twice as
 # long, up to LONGEST x the default (1-bit codes over many similar vectors
 # need deep shortlists: 1M x 256 clustered went on gaining past 16 x k).
-# Finer below 3 x k, where recall climbs fastest with the length (0.87 to
+# Finer below 2 x k, where recall climbs fastest with the length (0.87 to
 # 0.92 from 1.5 to 2 x k on easy data): a target must not land on the next
-# column up, beyond its +-TOLERANCE.
-LENGTH_STEPS = (1, 1.25, 1.5, 1.75, 2, 2.5, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128,
-                192)
+# column up, beyond its +-TOLERANCE. Not finer above: the cheapest of more
+# noisy columns is more often one whose estimate erred high (a default
+# at 5 x k, one more column, came out 0.946 against 0.958 expected).
+LENGTH_STEPS = (1, 1.25, 1.5, 1.75, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192)
 MAX_OVERSAMPLE = 2.0
 LONGEST = 16.0
 # ef ladder: from k up by sqrt(2), until recall stops rising or this cap.
