@@ -3,6 +3,7 @@ seeds, on the test suite's small clustered set (20,000 x 64, one-thread
 builds), measured on 4,000 fresh queries of the same distribution.
 
     python benchmarks/calibration_seeds.py [--seeds 8] [--steps 1,1.5,2,3,...]
+        [--quantization 1bit+4bit]
 
 --steps replaces the table's shortlist lengths (multiples of k) for an A/B
 of the ladder; the default is the library's own. For each metric it prints
@@ -31,20 +32,21 @@ def main():
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--steps", default=None, help="comma-separated shortlist multiples of k")
     ap.add_argument("--metrics", default="l2,ip,cosine")
+    ap.add_argument("--quantization", default="1bit")
     args = ap.parse_args()
     if args.steps:
         _calibration.LENGTH_STEPS = tuple(float(s) for s in args.steps.split(","))
     n, d = 20000, 64
     base = clustered(n + 1000, d, 4200)[:n]  # the base of tests/test_recall_target.py
     fresh = clustered(n + 4000, d, 4200)[n:]
-    print(f"shortlist steps: {_calibration.LENGTH_STEPS}")
+    print(f"{args.quantization}; shortlist steps: {_calibration.LENGTH_STEPS}")
     print("| metric | max abs error | mean error | outside +-0.02 | default min | default mean |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for metric in args.metrics.split(","):
         _, truth = brute_force(base, fresh, 10, metric)
         errs, defaults = [], []
         for seed in range(args.seeds):
-            index = kd.Index(d, metric, seed=seed)
+            index = kd.Index(d, metric, seed=seed, quantization=args.quantization)
             index.add(base, threads=1)
             for t in TARGETS:
                 errs.append(recall_at_k(index.search(fresh, 10, recall=t)[1], truth) - t)

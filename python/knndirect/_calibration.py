@@ -60,12 +60,15 @@ SURE_Z = 1.645
 # at the widest beam), the ladder is measured again with lengths twice as
 # long, up to LONGEST x the default (1-bit codes over many similar vectors
 # need deep shortlists: 1M x 256 clustered went on gaining past 16 x k).
-# Finer below 2 x k, where recall climbs fastest with the length (0.87 to
-# 0.92 from 1.5 to 2 x k on easy data): a target must not land on the next
-# column up, beyond its +-TOLERANCE. Not finer above: the cheapest of more
-# noisy columns is more often one whose estimate erred high (a default
-# at 5 x k, one more column, came out 0.946 against 0.958 expected).
+# 1.25 and 1.75 x k are recall='s alone: recall climbs fastest with the
+# length below 2 x k (0.87 to 0.92 from 1.5 to 2 x k on easy data), and a
+# target must not have to take the next column up, beyond its
+# +-TOLERANCE. The default keeps to the coarse columns: its one-sided bound
+# loses little to a coarse grid, and each more column is one more chance to
+# pick an estimate that erred high (with them, defaults on refined codes
+# came out down to 0.947; benchmarks/calibration_seeds.py).
 LENGTH_STEPS = (1, 1.25, 1.5, 1.75, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192)
+TARGET_ONLY_STEPS = (1.25, 1.75)
 MAX_OVERSAMPLE = 2.0
 LONGEST = 16.0
 # ef ladder: from k up by sqrt(2), until recall stops rising or this cap.
@@ -271,8 +274,11 @@ def _cheapest(cal, target, sure):
     bound = measured - (SURE_Z if sure else 0.0) * stderr
     log_ef = np.log(efs)
     scored = np.asarray(cal["scored"]) + REFINED_COST * np.asarray(cal.get("refined", 0.0))
+    skip = _target_only(cal["k"]) if sure else set()
     best = None
     for j, length in enumerate(lens):
+        if length in skip:
+            continue
         hit = np.flatnonzero(bound[:, j] >= target)
         if not hit.size:
             continue
@@ -291,6 +297,13 @@ def _cheapest(cal, target, sure):
         i, j = np.unravel_index(int(np.argmax(measured)), measured.shape)
         best = (0.0, efs[i], lens[j], float(measured[i, j]), float(stderr[i, j]))
     return best
+
+
+def _target_only(k):
+    """The shortlist lengths at k that only recall= chooses from."""
+    def at(steps):
+        return {max(k, math.ceil(k * s)) for s in steps}
+    return at(TARGET_ONLY_STEPS) - at(set(LENGTH_STEPS) - set(TARGET_ONLY_STEPS))
 
 
 def curve(cal):
