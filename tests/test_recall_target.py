@@ -373,3 +373,15 @@ def test_queries_unlike_the_data_are_calibrated_by_tune():
         assert abs(got - target) <= 0.02, (target, got)
     _, ids = index.search(queries[400:], K)
     assert recall_at_k(ids, truth[400:]) >= 0.95
+
+
+def test_default_keeps_to_the_coarse_columns():
+    """recall= may take a shortlist of 1.25 or 1.75 x k; the default, whose
+    one-sided bound loses little to a coarse grid, does not."""
+    cal = {"k": K, "ef": [10, 14], "shortlist": [10, 13, 15, 18, 20],
+           "recall": [[0.80, 0.85, 0.88, 0.93, 0.96], [0.80, 0.86, 0.90, 0.95, 0.97]],
+           "stderr": [[0.0] * 5, [0.0] * 5], "scored": [100.0, 140.0]}
+    assert _calibration._target_only(K) == {13, 18}
+    # The first beam reaches it: ef is that beam's, not one more.
+    assert _calibration.choose(cal, 0.92, K) == (10, 1.8, 0.93)
+    assert _calibration.choose(cal, 0.92, K, sure=True) == (10, 2.0, 0.96)
