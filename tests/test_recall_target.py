@@ -196,11 +196,27 @@ def test_small_index_has_no_calibration():
     assert index.info()["calibration"] is None
     assert index.info()["default_ef"] == 64
     _, truth = brute_force(base, queries, K, "l2")
-    # recall= on it asks for a shortlist of every node: an exact search.
+    # recall= on it is an exact search.
     index.stats(reset=True)
     _, ids = index.search(queries, K, recall=0.99)
     assert index.stats()["exact_queries"] == len(queries)
     assert recall_at_k(ids, truth) == 1.0
+
+
+def test_small_collection_searches_exactly_for_a_target(tmp_path):
+    """A collection under 1,000 vectors has no table either: recall= is an
+    exact search there too, its segments on disk included."""
+    base, queries = split(600, 50, 16, seed=5001)
+    with kd.Collection.create(tmp_path / "c", 16, "l2") as col:
+        col.add(base[:400])
+        col.commit()
+        col.add(base[400:])  # the rest stays in the write buffer
+        _, truth = brute_force(base, queries, K, "l2")
+        col.stats(reset=True)
+        _, ids = col.search(queries, K, recall=0.99)
+        st = col.stats()
+        assert st["scored"] == 0 and st["exact_queries"] > 0  # no graph search ran
+        assert recall_at_k(ids, truth) == 1.0
 
 
 def test_small_adds_keep_the_calibration_until_one_can_hold_queries_out():

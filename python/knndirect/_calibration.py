@@ -29,8 +29,8 @@ from ._core import CorruptIndexError
 FORMAT = 1
 K = 10  # the k a build-time table is measured at
 # Indexes smaller than this get no table: a default search keeps ef 64 and
-# the fixed oversample (near exact at this size); recall= asks for a
-# shortlist of every node, an exact search.
+# the fixed oversample (near exact at this size); recall= searches
+# exactly.
 MIN_INDEX = 1000
 # Calibration queries. 200 queries of k = 10 give 2,000 neighbours: a recall
 # near 0.95 is estimated within about +-0.01 (one standard error 0.005) where

@@ -1034,7 +1034,9 @@ class Collection:
         its own: one shortlist is chosen across all segments, and the more
         vectors compete for it, the more rows keep the same true neighbours
         (a bound that errs towards recall: 4 equal segments read 4 times
-        one's shortlist; merging makes it cheaper)."""
+        one's shortlist; merging makes it cheaper). Where none carries one,
+        a collection under 1,000 vectors is searched exactly and a larger
+        one raises ValueError."""
         if not exact and _recall_target(recall, ef, oversample) is not None:
             with self._state:
                 self._check_open()
@@ -1046,7 +1048,8 @@ class Collection:
                 ef = max(c[0] for _, c in picks)
                 oversample = big_oversample * max(1.0, live / max(size, 1))
             else:
-                ef, oversample = _uncalibrated(k, recall, live)
+                ef, oversample, exact = _uncalibrated(
+                    recall, live, "merge(max_segments=1) measures one for its output")
         single, q, args = _search_args(queries, self._dim, k, ef, oversample, rerank, exact,
                                        _default(threads, self._threads), filter)
         self._check_open()

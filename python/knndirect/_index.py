@@ -157,16 +157,16 @@ def _recall_target(recall, ef, oversample):
     return r
 
 
-def _uncalibrated(k, recall, live):
-    """(ef, oversample) where no calibration exists: ef 64 by default; for
-    recall= on a small index a shortlist of every node, which the core answers
-    exactly (the 1-bit order misses neighbours at any beam), else an error."""
+def _uncalibrated(recall, live, remedy="call tune(queries) once"):
+    """(ef, oversample, exact) where no calibration exists: ef 64 by default;
+    for recall= on a small index an exact search (the 1-bit order misses
+    neighbours at any beam), else an error that names the remedy."""
     if recall is None:
-        return None, None  # small, or from before calibrations
+        return None, None, False  # small, or from before calibrations
     if live < _calibration.MIN_INDEX:
-        return max(k, live), max(1.0, live / k)
+        return None, None, True
     raise ValueError("no recall calibration here (written by an older version, or grown by "
-                     "adds too small to hold queries out): call tune(queries) once")
+                     f"adds too small to hold queries out): {remedy}")
 
 
 def _search_args(queries, dim, k, ef, oversample, rerank, exact, threads, filter):
@@ -326,12 +326,12 @@ class Index:
         return got
 
     def _search_params(self, k, ef, oversample, recall):
-        """(ef, oversample) for a search: a recall target read from the
-        calibration; ef/oversample as given otherwise."""
+        """(ef, oversample, exact) for a search: a recall target read from
+        the calibration; ef/oversample as given otherwise."""
         if _recall_target(recall, ef, oversample) is None:
-            return ef, oversample
+            return ef, oversample, False
         chosen = self._chosen(k, recall)
-        return chosen if chosen else _uncalibrated(k, recall, len(self._core))
+        return (*chosen, False) if chosen else _uncalibrated(recall, len(self._core))
 
     # -- properties ---------------------------------------------------------
     @property
@@ -504,7 +504,7 @@ class Index:
             -inf (ip, cosine).
         """
         if not exact:
-            ef, oversample = self._search_params(k, ef, oversample, recall)
+            ef, oversample, exact = self._search_params(k, ef, oversample, recall)
         single, q, args = _search_args(queries, self._dim, k, ef, oversample, rerank, exact,
                                        _default(threads, self._threads), filter)
         D, I = self._core.search(q, *args)
