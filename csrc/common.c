@@ -62,6 +62,58 @@ unsigned kd_cpu_count(void)
     return n > 0 ? (unsigned)n : 1;
 }
 
+static uint64_t llc_bytes; /* 0: not yet asked */
+
+/* A number from cpu0's cache `index` in sysfs (size in KiB, level); 0 when
+ * unreadable. */
+static unsigned long cache_attr(int index, const char *name)
+{
+    char path[80];
+    unsigned long v = 0;
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/%s", index, name);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (fscanf(f, "%lu", &v) != 1)
+            v = 0;
+        fclose(f);
+    }
+    return v;
+}
+
+/* sysfs first, the highest level of cpu0's caches: it gives the cache that
+ * cpu0 shares, where glibc's sysconf may give the whole package's (384 MiB
+ * on an EPYC whose complexes have 32 MiB each). */
+static uint64_t llc_from_system(void)
+{
+    unsigned long kib = 0, top = 0;
+    for (int i = 0; i < 8; i++) {
+        unsigned long level = cache_attr(i, "level"), size = cache_attr(i, "size");
+        if (level > top && size) { /* L1i shares level 1 with L1d: never the top */
+            top = level;
+            kib = size;
+        }
+    }
+    if (kib)
+        return (uint64_t)kib << 10;
+    long n = -1;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    n = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    return n > 0 ? (uint64_t)n : (uint64_t)32 << 20;
+}
+
+uint64_t kd_llc_bytes(void)
+{
+    uint64_t n = __atomic_load_n(&llc_bytes, __ATOMIC_RELAXED);
+    if (!n) {
+        n = llc_from_system();
+        __atomic_store_n(&llc_bytes, n, __ATOMIC_RELAXED);
+    }
+    return n;
+}
+
+void kd_set_llc_bytes(uint64_t bytes) { __atomic_store_n(&llc_bytes, bytes, __ATOMIC_RELAXED); }
+
 void kd_advise_huge(void *p, size_t len)
 {
 #ifdef MADV_HUGEPAGE

@@ -49,6 +49,10 @@ static inline uint64_t kd_round_up(uint64_t x, uint64_t a) { return (x + a - 1) 
 
 uint64_t kd_now_ns(void);
 unsigned kd_cpu_count(void);
+/* Bytes of the last-level data cache: sysfs, else sysconf, else 32 MiB. */
+uint64_t kd_llc_bytes(void);
+/* Tests: have kd_llc_bytes answer `bytes` (0: ask the system again). */
+void kd_set_llc_bytes(uint64_t bytes);
 
 /* Run fn(arg) on `threads` threads, the caller being one of them, and wait
  * for all. The extra threads block signals so Python's main thread gets them. */

@@ -565,9 +565,37 @@ static void set_list(struct kd_graph *g, const struct kd_build_oracle *o, uint32
         force_in_link(g, chosen[0], node, level);
 }
 
+/* A thread's state for a beam over the oracle's cheaper estimates. */
+struct beam_scratch {
+    void *state;
+    struct kd_heap_item *items; /* ef each: the beam's best, re-scored */
+    uint32_t *rows;
+    float *dists;
+};
+
+/* The beam's best res[0..n), re-scored with the oracle and sorted, so that
+ * neighbours are chosen on the distances that prune the lists. */
+static const struct kd_heap_item *rescore(const struct kd_build_oracle *o, uint32_t node,
+                                          const struct kd_heap_item *res, size_t n,
+                                          struct beam_scratch *b)
+{
+    for (size_t i = 0; i < n; i++)
+        b->rows[i] = res[i].row;
+    o->from(o->ctx, node, b->rows, n, b->dists);
+    /* The estimates' order is nearly right: an insertion sort moves little. */
+    for (size_t i = 0; i < n; i++) {
+        struct kd_heap_item it = {b->dists[i], b->rows[i]};
+        size_t j = i;
+        for (; j > 0 && b->items[j - 1].dist > it.dist; j--)
+            b->items[j] = b->items[j - 1];
+        b->items[j] = it;
+    }
+    return b->items;
+}
+
 static int insert_one(struct kd_graph *g, const struct kd_build_oracle *o, uint32_t node,
                       uint32_t ef, struct kd_search_scratch *s, struct kd_heap_item *buf,
-                      uint32_t *rows, float *dists)
+                      uint32_t *rows, float *dists, struct beam_scratch *b)
 {
     int level = g->levels[node];
     pthread_mutex_lock(&g->entry_lock);
@@ -584,18 +612,27 @@ static int insert_one(struct kd_graph *g, const struct kd_build_oracle *o, uint3
         pthread_mutex_unlock(&g->entry_lock);
 
     struct from_node f = {o, node};
-    descend(g, s, ep, top, level, dist_from_node, &f, 1, KD_NONE);
+    kd_batch_dist_fn dist = dist_from_node;
+    kd_prefetch_fn prefetch = NULL;
+    void *dctx = &f;
+    if (b) {
+        o->beam->prepare(b->state, node);
+        dist = o->beam->dist;
+        prefetch = o->beam->prefetch;
+        dctx = b->state;
+    }
+    descend(g, s, ep, top, level, dist, dctx, 1, KD_NONE);
     size_t nentry = 1;
     uint32_t *chosen = rows + g->m0 + 2;
     for (int lc = level < top ? level : top; lc >= 0; lc--) {
-        size_t nres = search_layer(g, s, lc, ef, nentry, dist_from_node, &f, NULL, 1, 0, NULL,
-                                   NULL);
+        size_t nres = search_layer(g, s, lc, ef, nentry, dist, dctx, NULL, 1, 0, prefetch, NULL);
         if (!nres) {
             if (hold)
                 pthread_mutex_unlock(&g->entry_lock);
             return kd_fail(-ENOMEM, "out of memory while building the graph");
         }
-        size_t kept = select_diverse(o, s->res, nres, g->m, chosen);
+        const struct kd_heap_item *best = b ? rescore(o, node, s->res, nres, b) : s->res;
+        size_t kept = select_diverse(o, best, nres, g->m, chosen);
         set_list(g, o, node, lc, chosen, kept, buf, rows, dists);
         nentry = nres < 64 ? nres : 64;
     }
@@ -663,7 +700,16 @@ static void *insert_worker(void *arg)
     uint32_t *rows = malloc((2 * g->m0 + 4) * sizeof(uint32_t));
     float *dists = malloc((g->m0 + 2) * sizeof(float));
     int err = kd_scratch_reserve(&s, c->nodes ? g->count : c->last, c->ef, g->m0);
-    if (!err && (!buf || !rows || !dists))
+    struct beam_scratch bs = {0}, *beam = NULL;
+    if (c->o->beam && !c->nodes) {
+        beam = &bs;
+        bs.state = c->o->beam->open(c->o->ctx);
+        bs.items = malloc(c->ef * sizeof *bs.items);
+        bs.rows = malloc(c->ef * sizeof *bs.rows);
+        bs.dists = malloc(c->ef * sizeof *bs.dists);
+    }
+    if (!err &&
+        (!buf || !rows || !dists || (beam && (!bs.state || !bs.items || !bs.rows || !bs.dists))))
         err = kd_fail(-ENOMEM, "out of memory while building the graph");
     while (!err && !__atomic_load_n(&c->err, __ATOMIC_RELAXED)) {
         uint64_t i = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED);
@@ -672,10 +718,15 @@ static void *insert_worker(void *arg)
         if (c->nodes)
             err = reconnect_one(g, c->o, c->nodes[i], c->ef, &s, buf, rows, dists);
         else
-            err = insert_one(g, c->o, (uint32_t)i, c->ef, &s, buf, rows, dists);
+            err = insert_one(g, c->o, (uint32_t)i, c->ef, &s, buf, rows, dists, beam);
     }
     if (err)
         __atomic_store_n(&c->err, err, __ATOMIC_RELAXED);
+    if (bs.state)
+        c->o->beam->close(bs.state);
+    free(bs.items);
+    free(bs.rows);
+    free(bs.dists);
     kd_scratch_free(&s);
     free(buf);
     free(rows);

@@ -115,6 +115,19 @@ int kd_graph_prepare_keyed(struct kd_graph *g, uint64_t first, uint64_t last, ui
 struct kd_build_oracle {
     void (*from)(void *ctx, uint32_t a, const uint32_t *rows, size_t n, float *out);
     void *ctx;
+    const struct kd_beam_oracle *beam; /* NULL: the beam scores with from */
+};
+
+/* A cheaper estimate for insertion's beam, whose best are re-scored with
+ * `from` before neighbours are chosen: smaller codes keep the beam's reads
+ * in cache where the build codes no longer fit. State is per thread: open
+ * returns it (NULL when out of memory) and prepare points it at node a. */
+struct kd_beam_oracle {
+    void *(*open)(void *ctx);
+    void (*close)(void *state);
+    void (*prepare)(void *state, uint32_t a);
+    kd_batch_dist_fn dist;
+    kd_prefetch_fn prefetch;
 };
 
 /* The diversity rule insertion uses, for a caller that rebuilds a list:

@@ -336,8 +336,77 @@ static float oracle_pair(void *p, uint32_t a, uint32_t b)
 
 static void bcode_oracle_from(void *p, uint32_t a, const uint32_t *rows, size_t n, float *out)
 {
-    kd_bcode_from(p, a, rows, n, out);
+    const struct kd_index *ix = p;
+    kd_bcode_from(&ix->bcode, a, rows, n, out);
 }
+
+/* Insertion's beam over the 1-bit search codes (kd_beam_oracle): each node
+ * is prepared as a query would be. */
+struct beam_state {
+    const struct kd_index *ix;
+    struct kd_qcode qc;
+    float *unit; /* cosine: the node scaled to unit length */
+};
+
+static void beam_close(void *p)
+{
+    struct beam_state *b = p;
+    kd_qcode_free(&b->qc);
+    free(b->unit);
+    free(b);
+}
+
+static void *beam_open(void *p)
+{
+    const struct kd_index *ix = p;
+    struct beam_state *b = calloc(1, sizeof *b);
+    if (!b)
+        return NULL;
+    b->ix = ix;
+    b->unit = malloc(ix->p.dim * sizeof(float));
+    if (!b->unit || kd_qcode_alloc(&b->qc, &ix->quant)) {
+        beam_close(b);
+        return NULL;
+    }
+    return b;
+}
+
+static void beam_prepare(void *p, uint32_t a)
+{
+    struct beam_state *b = p;
+    const struct kd_index *ix = b->ix;
+    const float *v = ix->vectors + (size_t)a * ix->p.dim;
+    if (ix->metric->normalized) {
+        for (uint32_t t = 0; t < ix->p.dim; t++)
+            b->unit[t] = v[t] * ix->inv_norms[a];
+        v = b->unit;
+    }
+    kd_qcode_prepare(&ix->quant, v, &b->qc);
+}
+
+static void beam_dist(void *p, const uint32_t *rows, size_t n, float *out)
+{
+    const struct beam_state *b = p;
+    b->ix->estimate(&b->ix->quant, &b->qc, b->ix->codes, rows, n, out);
+}
+
+static void beam_prefetch(void *p, const uint32_t *rows, size_t n)
+{
+    const struct beam_state *b = p;
+    kd_prefetch_records(b->ix->codes, b->ix->quant.code_size, rows, n);
+}
+
+/* The beam over 1-bit codes pays once the build codes of `rows` rows no
+ * longer fit the last-level cache: then most of their reads miss, and the
+ * 1-bit codes are 5-7 times smaller. Below that the VNNI 8-bit distance is
+ * the cheaper one (docs/benchmarks.md, "Build speed"). */
+static int beam_pays(const struct kd_index *ix, uint64_t rows)
+{
+    return ix->quant.bits == 1 && rows * ix->bcode.stride > kd_llc_bytes();
+}
+
+static const struct kd_beam_oracle beam_1bit = {beam_open, beam_close, beam_prepare, beam_dist,
+                                                beam_prefetch};
 
 struct bcode_job {
     struct kd_index *ix;
@@ -450,11 +519,12 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
     memset(ix->deleted + first, 0, n);
     struct encode_job job = {ix, first, last, first};
     kd_run_workers(encode_worker, &job, kd_resolve_threads(threads));
-    struct kd_build_oracle o = {oracle_from, ix};
+    struct kd_build_oracle o = {oracle_from, ix, NULL};
     if ((err = build_codes(ix, first, last, kd_resolve_threads(threads))) < 0)
         goto out;
     if (!err)
-        o = (struct kd_build_oracle){bcode_oracle_from, &ix->bcode};
+        o = (struct kd_build_oracle){bcode_oracle_from, ix,
+                                     beam_pays(ix, last) ? &beam_1bit : NULL};
     if ((err = kd_graph_prepare(&ix->graph, first, last, ix->p.seed)))
         goto out;
     err = kd_graph_insert_range(&ix->graph, first, last, ix->p.ef_construction, &o,

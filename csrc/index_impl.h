@@ -107,6 +107,18 @@ static inline float kd_exact_dist(const struct kd_index *ix, const float *qn, co
     }
 }
 
+/* Every line of each row's record of `size` bytes in base: records do not
+ * start on line bounds. */
+static inline void kd_prefetch_records(const uint8_t *base, size_t size, const uint32_t *rows,
+                                       size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uintptr_t at = (uintptr_t)(base + (size_t)rows[i] * size);
+        for (uintptr_t line = at & ~(uintptr_t)63; line < at + size; line += 64)
+            __builtin_prefetch((const void *)line);
+    }
+}
+
 static inline unsigned kd_resolve_threads(unsigned t) { return t ? t : kd_cpu_count(); }
 
 /* index.c */

@@ -206,21 +206,10 @@ static void estimate_rows(void *p, const uint32_t *rows, size_t n, float *out)
     e->ix->estimate(&e->ix->quant, e->qc, e->ix->codes, rows, n, out);
 }
 
-/* Every line of each row's record of `size` bytes in base: records do not
- * start on line bounds. */
-static void prefetch_records(const uint8_t *base, size_t size, const uint32_t *rows, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        uintptr_t at = (uintptr_t)(base + (size_t)rows[i] * size);
-        for (uintptr_t line = at & ~(uintptr_t)63; line < at + size; line += 64)
-            __builtin_prefetch((const void *)line);
-    }
-}
-
 static void prefetch_codes(void *p, const uint32_t *rows, size_t n)
 {
     const struct estimate_ctx *e = p;
-    prefetch_records(e->ix->codes, e->ix->quant.code_size, rows, n);
+    kd_prefetch_records(e->ix->codes, e->ix->quant.code_size, rows, n);
 }
 
 size_t kd_shortlist_size(const struct kd_index *ix, const struct kd_search_params *sp)
@@ -447,14 +436,14 @@ static int refine_candidates(struct kd_index *ix, struct kd_search_ctx *c, struc
     for (size_t i = 0; i < m; i++)
         c->refine_rows[i] = res[i].row;
     /* A chunk's refinements are fetched while the one before is scored. */
-    prefetch_records(ix->refined, q->refine_size, c->refine_rows,
-                     m < REFINE_CHUNK ? m : REFINE_CHUNK);
+    kd_prefetch_records(ix->refined, q->refine_size, c->refine_rows,
+                        m < REFINE_CHUNK ? m : REFINE_CHUNK);
     for (size_t i = 0; i < m; i += REFINE_CHUNK) {
         size_t len = m - i < REFINE_CHUNK ? m - i : REFINE_CHUNK;
         if (i + REFINE_CHUNK < m) {
             size_t next = m - i - REFINE_CHUNK;
-            prefetch_records(ix->refined, q->refine_size, c->refine_rows + i + REFINE_CHUNK,
-                             next < REFINE_CHUNK ? next : REFINE_CHUNK);
+            kd_prefetch_records(ix->refined, q->refine_size, c->refine_rows + i + REFINE_CHUNK,
+                                next < REFINE_CHUNK ? next : REFINE_CHUNK);
         }
         ix->refine(q, &c->qc, ix->codes, ix->refined, c->refine_rows + i, len, c->refine_dist + i);
     }

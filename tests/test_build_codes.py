@@ -94,3 +94,59 @@ def test_resident_bytes_count_the_build_codes(tmp_path):
     assert loaded.info()["resident_bytes"] > built.info()["resident_bytes"]
     built.close()
     loaded.close()
+
+
+@pytest.fixture
+def cache_bytes():
+    """Set the last-level cache size the build assumes; detect again after."""
+    yield _core._set_cache_bytes
+    _core._set_cache_bytes(0)
+
+
+def build_bytes(x, metric, threads=1, **kw):
+    index = kd.Index(x.shape[1], metric, seed=5, **kw)
+    index.add(x, threads=threads)
+    try:
+        return index.to_bytes()
+    finally:
+        index.close()
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip", "cosine"])
+def test_beam_over_search_codes_keeps_recall(metric, cache_bytes):
+    """Past the cache, insertion's beam scores with the 1-bit search codes and
+    re-scores its best with the build codes: the graph differs from the one
+    built over build codes alone, and keeps recall."""
+    data = kd.datasets.clustered(6200, 48, seed=22)
+    base, queries = data[:6000], data[6000:]
+    truth, _ = kd.datasets.ground_truth(base, queries, 10, metric)
+    recalls, saved = {}, {}
+    for name, size in (("beam", 1), ("build codes", 1 << 40)):
+        cache_bytes(size)
+        index = kd.Index(48, metric, seed=3)
+        index.add(base[:3000])
+        index.add(base[3000:])
+        _, ids = index.search(queries, 10, ef=64, oversample=10)
+        recalls[name] = kd.datasets.recall_at_k(ids, truth)
+        saved[name] = index.to_bytes()
+        index.close()
+    assert saved["beam"] != saved["build codes"]
+    assert recalls["beam"] >= 0.97, recalls
+    assert recalls["beam"] >= recalls["build codes"] - 0.01, recalls
+
+
+def test_beam_build_is_reproducible_at_one_thread(cache_bytes):
+    cache_bytes(1)
+    x = kd.datasets.clustered(4000, 40, seed=24)
+    assert build_bytes(x, "cosine") == build_bytes(x, "cosine")
+
+
+@pytest.mark.parametrize("quantization", ["4bit", "8bit"])
+def test_scalar_codes_never_steer_the_beam(quantization, cache_bytes):
+    """Only 1-bit codes are smaller than the build codes: scalar-code indexes
+    build over build codes at any cache size."""
+    x = kd.datasets.clustered(3000, 40, seed=25)
+    cache_bytes(1)
+    small = build_bytes(x, "l2", quantization=quantization)
+    cache_bytes(1 << 40)
+    assert small == build_bytes(x, "l2", quantization=quantization)

@@ -203,6 +203,17 @@ static PyObject *mod_build_code_dists(PyObject *mod, PyObject *args)
     return r;
 }
 
+/* Test hook: _set_cache_bytes(n) has the core take the last-level cache to
+ * hold n bytes (0: ask the system), which decides insertion's beam codes. */
+static PyObject *mod_set_cache_bytes(PyObject *mod, PyObject *args)
+{
+    unsigned long long n;
+    if (!PyArg_ParseTuple(args, "K", &n))
+        return NULL;
+    kd_set_llc_bytes(n);
+    Py_RETURN_NONE;
+}
+
 static PyObject *mod_read_probe(PyObject *mod, PyObject *args)
 {
     Py_buffer b;
@@ -266,6 +277,8 @@ static PyMethodDef mod_methods[] = {
     {"features", mod_features, METH_NOARGS, "What this build and CPU offer."},
     {"_build_code_dists", mod_build_code_dists, METH_VARARGS,
      "_build_code_dists(x, n, dim, l2, tier): build-code distances at a SIMD tier (tests)."},
+    {"_set_cache_bytes", mod_set_cache_bytes, METH_VARARGS,
+     "_set_cache_bytes(n): the last-level cache size the build assumes, 0 to detect (tests)."},
     {"_kernel", mod_kernel, METH_VARARGS, "Run one distance kernel variant (tests)."},
     {"_read_probe", mod_read_probe, METH_VARARGS, "Seconds to stream a float32 buffer."},
     {"_inject_fault", (PyCFunction)(void (*)(void))mod_inject_fault, METH_VARARGS | METH_KEYWORDS,
