@@ -5,9 +5,14 @@ searches every graph with the same code at a grid of (ef, oversample) and
 times both graphs interleaved at three points.
 
     python benchmarks/ab_graph.py clustered-100k-384 --old /path/to/base/python --new python
+    python benchmarks/ab_graph.py clustered-100k-256 --old python --new python \
+        --old-cache 1e18 --new-cache 1          # build codes alone against the 1-bit beam
 
 --old and --new are the `python/` folders of two built checkouts (say, a git
 worktree of the base revision after `python setup.py build_ext --inplace`).
+--old-cache / --new-cache make that side's build take the last-level cache
+to hold so many bytes (the core's test hook), which decides whether
+insertion's beam scores with the 1-bit codes: one revision against itself.
 Build seconds are printed per build; recall is the mean over the seeds,
 which is what separates a change in graph quality from one build's luck.
 """
@@ -31,6 +36,8 @@ import sys, time
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
 import knndirect as kd, bench_data
 ds = bench_data.resolve(sys.argv[3]); x = bench_data.load_base(ds.to_json())
+if len(sys.argv) > 6:
+    kd._core._set_cache_bytes(int(float(sys.argv[6])))
 t = time.perf_counter()
 ix = kd.Index(ds.dim, ds.metric, m=16, ef_construction=200, seed=int(sys.argv[5]))
 ix.add(x, threads=2)
@@ -46,6 +53,8 @@ def main(argv=None):
     ap.add_argument("--old", required=True, help="python/ folder of the base build")
     ap.add_argument("--new", required=True, help="python/ folder of the changed build")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--old-cache", help="last-level cache bytes the old build assumes")
+    ap.add_argument("--new-cache", help="last-level cache bytes the new build assumes")
     args = ap.parse_args(argv)
     ds = bench_data.resolve(args.dataset)
     j = ds.to_json()
@@ -57,10 +66,10 @@ def main(argv=None):
         for seed in range(args.seeds):
             for tag in ("old", "new"):
                 p = f"{tmp}/{tag}-{seed}.kdx"
-                out = subprocess.run([sys.executable, "-c", BUILD,
-                                      str(Path(getattr(args, tag)).resolve()), str(HERE),
-                                      args.dataset, p, str(seed)],
-                                     capture_output=True, text=True, check=True)
+                cache = getattr(args, f"{tag}_cache")
+                cmd = [sys.executable, "-c", BUILD, str(Path(getattr(args, tag)).resolve()),
+                       str(HERE), args.dataset, p, str(seed)] + ([cache] if cache else [])
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 print(f"{tag} seed {seed}: build {float(out.stdout):.1f} s", flush=True)
                 paths[tag, seed] = p
         recall = {}

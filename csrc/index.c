@@ -396,13 +396,14 @@ static void beam_prefetch(void *p, const uint32_t *rows, size_t n)
     kd_prefetch_records(b->ix->codes, b->ix->quant.code_size, rows, n);
 }
 
-/* The beam over 1-bit codes pays once the build codes of `rows` rows no
- * longer fit the last-level cache: then most of their reads miss, and the
- * 1-bit codes are 5-7 times smaller. Below that the VNNI 8-bit distance is
- * the cheaper one (docs/benchmarks.md, "Build speed"). */
+/* The beam over 1-bit codes pays once the build codes of `rows` rows are
+ * well past the last-level cache: then most of their reads miss, and the
+ * 1-bit codes are 5-7 times smaller. Nearer the cache the VNNI 8-bit
+ * distance is the cheaper one; the crossover measured between 1.2 and 2.3
+ * times the cache (docs/benchmarks.md, "Build speed"). */
 static int beam_pays(const struct kd_index *ix, uint64_t rows)
 {
-    return ix->quant.bits == 1 && rows * ix->bcode.stride > kd_llc_bytes();
+    return ix->quant.bits == 1 && rows * ix->bcode.stride > 2 * kd_llc_bytes();
 }
 
 static const struct kd_beam_oracle beam_1bit = {beam_open, beam_close, beam_prepare, beam_dist,
