@@ -116,7 +116,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=str(HERE / "results"),
                     help="folder for build.json and build.md")
     ap.add_argument("--machine-label", default=os.environ.get(
-        "KNNDIRECT_BENCH_MACHINE", "2-core VM, shared with concurrent builds"))
+        "KNNDIRECT_BENCH_MACHINE", "2-core VM"))
     ap.add_argument("--repro-child", nargs=2, metavar=("DATASET_JSON", "OUT_DIR"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -99,7 +99,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=str(HERE / "results"),
                     help="folder for scaling.json and scaling.md")
     ap.add_argument("--machine-label", default=os.environ.get(
-        "KNNDIRECT_BENCH_MACHINE", "2-core VM, shared with concurrent builds"))
+        "KNNDIRECT_BENCH_MACHINE", "2-core VM"))
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")

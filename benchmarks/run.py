@@ -96,7 +96,7 @@ def parse_args(argv=None):
                          "block) from the .json results already in --out for the datasets "
                          "named by --dataset / --all")
     ap.add_argument("--machine-label", default=os.environ.get(
-        "KNNDIRECT_BENCH_MACHINE", "2-core VM, shared with concurrent builds"))
+        "KNNDIRECT_BENCH_MACHINE", "2-core VM"))
     args = ap.parse_args(argv)
     args.threads = [int(t) for t in args.threads.split(",")]
     if args.build_threads is None:
