@@ -47,18 +47,58 @@ ix.save(sys.argv[4])
 GRID = [(16, 2), (24, 3), (32, 3), (32, 10), (48, 5), (64, 10), (96, 10)]
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def compare(kd, paths, seeds, name, q, truth):
+    """Recall of every (tag, seed) graph in paths at the grid, and QPS of seed
+    0's "old" and "new" interleaved at three points."""
+    recall = {}
+    for (tag, seed), p in paths.items():
+        with kd.load(p) as ix:
+            for ef, os_ in GRID:
+                _, ids = ix.search(q, 10, ef=ef, oversample=os_, threads=2)
+                recall.setdefault((tag, ef, os_), []).append(
+                    kd.datasets.recall_at_k(ids, truth))
+    print(f"\n{name}: recall@10 of {seeds} builds each\n")
+    print("| ef | oversample | old | new | new - old (means) |\n| --- | --- | --- | --- | --- |")
+    for ef, os_ in GRID:
+        o, n = recall["old", ef, os_], recall["new", ef, os_]
+        print(f"| {ef} | {os_} | {' '.join(f'{v:.4f}' for v in o)} | "
+              f"{' '.join(f'{v:.4f}' for v in n)} | {np.mean(n) - np.mean(o):+.4f} |")
+    print()
+    a, b = kd.load(paths["old", 0]), kd.load(paths["new", 0])
+    for ef, os_ in [(32, 3), (48, 5), (64, 10)]:
+        qps = {"old": [], "new": []}
+        for r in range(7):
+            for tag, ix in ((("old", a), ("new", b)) if r % 2 == 0 else
+                            (("new", b), ("old", a))):
+                ix.search(q[:200], 10, ef=ef, oversample=os_, threads=1)
+                t = time.perf_counter()
+                ix.search(q, 10, ef=ef, oversample=os_, threads=1)
+                qps[tag].append(len(q) / (time.perf_counter() - t))
+        mo, mn = statistics.median(qps["old"]), statistics.median(qps["new"])
+        print(f"QPS 1 thread, ef {ef} oversample {os_}: old {mo:,.0f}, new {mn:,.0f}, "
+              f"new/old {mn / mo:.3f} (medians of 7, interleaved)")
+    a.close()
+    b.close()
+
+
+def parse(doc, runs, what, argv):
+    """The arguments of an A/B script (a data set, two python/ folders, runs
+    a side, the cache each side assumes), the set, its queries and truth."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("dataset")
     ap.add_argument("--old", required=True, help="python/ folder of the base build")
     ap.add_argument("--new", required=True, help="python/ folder of the changed build")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--old-cache", help="last-level cache bytes the old build assumes")
-    ap.add_argument("--new-cache", help="last-level cache bytes the new build assumes")
+    ap.add_argument(runs, type=int, default=3)
+    ap.add_argument("--old-cache", help=f"last-level cache bytes the old {what} assumes")
+    ap.add_argument("--new-cache", help=f"last-level cache bytes the new {what} assumes")
     args = ap.parse_args(argv)
     ds = bench_data.resolve(args.dataset)
     j = ds.to_json()
-    q, truth = bench_data.load_queries(j), np.load(j["gt_path"])
+    return args, ds, bench_data.load_queries(j), np.load(j["gt_path"])
+
+
+def main(argv=None):
+    args, ds, q, truth = parse(__doc__, "--seeds", "build", argv)
     sys.path.insert(0, str(Path(args.new).resolve()))
     import knndirect as kd
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,35 +112,7 @@ def main(argv=None):
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 print(f"{tag} seed {seed}: build {float(out.stdout):.1f} s", flush=True)
                 paths[tag, seed] = p
-        recall = {}
-        for (tag, seed), p in paths.items():
-            with kd.load(p) as ix:
-                for ef, os_ in GRID:
-                    _, ids = ix.search(q, 10, ef=ef, oversample=os_, threads=2)
-                    recall.setdefault((tag, ef, os_), []).append(
-                        kd.datasets.recall_at_k(ids, truth))
-        print(f"\n{ds.name}: recall@10 of {args.seeds} builds each\n")
-        print("| ef | oversample | old | new | new - old (means) |\n| --- | --- | --- | --- | --- |")
-        for ef, os_ in GRID:
-            o, n = recall["old", ef, os_], recall["new", ef, os_]
-            print(f"| {ef} | {os_} | {' '.join(f'{v:.4f}' for v in o)} | "
-                  f"{' '.join(f'{v:.4f}' for v in n)} | {np.mean(n) - np.mean(o):+.4f} |")
-        print()
-        a, b = kd.load(paths["old", 0]), kd.load(paths["new", 0])
-        for ef, os_ in [(32, 3), (48, 5), (64, 10)]:
-            qps = {"old": [], "new": []}
-            for r in range(7):
-                for tag, ix in ((("old", a), ("new", b)) if r % 2 == 0 else
-                                (("new", b), ("old", a))):
-                    ix.search(q[:200], 10, ef=ef, oversample=os_, threads=1)
-                    t = time.perf_counter()
-                    ix.search(q, 10, ef=ef, oversample=os_, threads=1)
-                    qps[tag].append(len(q) / (time.perf_counter() - t))
-            mo, mn = statistics.median(qps["old"]), statistics.median(qps["new"])
-            print(f"QPS 1 thread, ef {ef} oversample {os_}: old {mo:,.0f}, new {mn:,.0f}, "
-                  f"new/old {mn / mo:.3f} (medians of 7, interleaved)")
-        a.close()
-        b.close()
+        compare(kd, paths, args.seeds, ds.name, q, truth)
 
 
 if __name__ == "__main__":

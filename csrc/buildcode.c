@@ -262,6 +262,13 @@ void kd_bcode_encode(struct kd_bcode *b, uint64_t row, const float *x, float mul
         memcpy(c + b->width + 4, &fb, 4);
 }
 
+void kd_bcode_decode(const struct kd_bcode *b, uint64_t row, float *out)
+{
+    const uint8_t *c = code_of(b, row);
+    for (uint32_t j = 0; j < b->dim; j++)
+        out[j] = b->mean[j] + b->step * (float)((int)c[j] - 128);
+}
+
 void kd_bcode_from(const struct kd_bcode *b, uint32_t a, const uint32_t *rows, size_t n, float *out)
 {
     const uint8_t *ca = code_of(b, a);

@@ -58,6 +58,8 @@ int kd_bcode_refit_due(const struct kd_bcode *b, uint64_t rows);
 int kd_bcode_reserve(struct kd_bcode *b, uint64_t cap);
 /* Code row `row` from x scaled by mul (values past the range clamp). */
 void kd_bcode_encode(struct kd_bcode *b, uint64_t row, const float *x, float mul);
+/* Row `row`'s code decoded: mean + step * q, dim floats. */
+void kd_bcode_decode(const struct kd_bcode *b, uint64_t row, float *out);
 /* Distances from row a to rows[0..n), smaller is nearer. */
 void kd_bcode_from(const struct kd_bcode *b, uint32_t a, const uint32_t *rows, size_t n,
                    float *out);

@@ -703,7 +703,7 @@ static void *insert_worker(void *arg)
     struct beam_scratch bs = {0}, *beam = NULL;
     if (c->o->beam && !c->nodes) {
         beam = &bs;
-        bs.state = c->o->beam->open(c->o->ctx);
+        bs.state = c->o->beam->open(c->o->beam_ctx);
         bs.items = malloc(c->ef * sizeof *bs.items);
         bs.rows = malloc(c->ef * sizeof *bs.rows);
         bs.dists = malloc(c->ef * sizeof *bs.dists);

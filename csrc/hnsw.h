@@ -116,6 +116,7 @@ struct kd_build_oracle {
     void (*from)(void *ctx, uint32_t a, const uint32_t *rows, size_t n, float *out);
     void *ctx;
     const struct kd_beam_oracle *beam; /* NULL: the beam scores with from */
+    void *beam_ctx;                    /* what beam->open is given */
 };
 
 /* A cheaper estimate for insertion's beam, whose best are re-scored with

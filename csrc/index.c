@@ -341,30 +341,33 @@ static void bcode_oracle_from(void *p, uint32_t a, const uint32_t *rows, size_t 
 }
 
 /* Insertion's beam over the 1-bit search codes (kd_beam_oracle): each node
- * is prepared as a query would be. */
+ * is prepared as a query would be, from the vector its source gives. */
 struct beam_state {
-    const struct kd_index *ix;
+    struct kd_estimate_ctx est; /* first: the oracle's dist and prefetch take it */
     struct kd_qcode qc;
-    float *unit; /* cosine: the node scaled to unit length */
+    const struct kd_beam_source *src;
+    float *scratch;
 };
 
 static void beam_close(void *p)
 {
     struct beam_state *b = p;
     kd_qcode_free(&b->qc);
-    free(b->unit);
+    free(b->scratch);
     free(b);
 }
 
 static void *beam_open(void *p)
 {
-    const struct kd_index *ix = p;
+    const struct kd_beam_source *src = p;
     struct beam_state *b = calloc(1, sizeof *b);
     if (!b)
         return NULL;
-    b->ix = ix;
-    b->unit = malloc(ix->p.dim * sizeof(float));
-    if (!b->unit || kd_qcode_alloc(&b->qc, &ix->quant)) {
+    b->est.ix = src->ix;
+    b->est.qc = &b->qc;
+    b->src = src;
+    b->scratch = malloc(src->scratch_floats * sizeof(float));
+    if (!b->scratch || kd_qcode_alloc(&b->qc, &src->ix->quant)) {
         beam_close(b);
         return NULL;
     }
@@ -374,40 +377,33 @@ static void *beam_open(void *p)
 static void beam_prepare(void *p, uint32_t a)
 {
     struct beam_state *b = p;
-    const struct kd_index *ix = b->ix;
+    kd_qcode_prepare(&b->est.ix->quant, b->src->vector(b->src->ctx, a, b->scratch), &b->qc);
+}
+
+const struct kd_beam_oracle kd_beam_1bit = {beam_open, beam_close, beam_prepare, kd_estimate_rows,
+                                            kd_prefetch_codes};
+
+/* The beam over 1-bit codes pays once the build codes are well past the
+ * last-level cache: then most of their reads miss, and the 1-bit codes are
+ * 5-7 times smaller. Nearer the cache the VNNI 8-bit distance is the
+ * cheaper one; the crossover measured between 1.2 and 2.3 times the cache
+ * (docs/benchmarks.md, "Build speed"). */
+int kd_beam_pays(const struct kd_index *ix, uint64_t build_code_bytes)
+{
+    return ix->quant.bits == 1 && build_code_bytes > 2 * kd_llc_bytes();
+}
+
+/* A stored row as the beam prepares it: unit length for cosine. */
+static const float *row_vector(const void *p, uint32_t a, float *scratch)
+{
+    const struct kd_index *ix = p;
     const float *v = ix->vectors + (size_t)a * ix->p.dim;
-    if (ix->metric->normalized) {
-        for (uint32_t t = 0; t < ix->p.dim; t++)
-            b->unit[t] = v[t] * ix->inv_norms[a];
-        v = b->unit;
-    }
-    kd_qcode_prepare(&ix->quant, v, &b->qc);
+    if (!ix->metric->normalized)
+        return v;
+    for (uint32_t t = 0; t < ix->p.dim; t++)
+        scratch[t] = v[t] * ix->inv_norms[a];
+    return scratch;
 }
-
-static void beam_dist(void *p, const uint32_t *rows, size_t n, float *out)
-{
-    const struct beam_state *b = p;
-    b->ix->estimate(&b->ix->quant, &b->qc, b->ix->codes, rows, n, out);
-}
-
-static void beam_prefetch(void *p, const uint32_t *rows, size_t n)
-{
-    const struct beam_state *b = p;
-    kd_prefetch_records(b->ix->codes, b->ix->quant.code_size, rows, n);
-}
-
-/* The beam over 1-bit codes pays once the build codes of `rows` rows are
- * well past the last-level cache: then most of their reads miss, and the
- * 1-bit codes are 5-7 times smaller. Nearer the cache the VNNI 8-bit
- * distance is the cheaper one; the crossover measured between 1.2 and 2.3
- * times the cache (docs/benchmarks.md, "Build speed"). */
-static int beam_pays(const struct kd_index *ix, uint64_t rows)
-{
-    return ix->quant.bits == 1 && rows * ix->bcode.stride > 2 * kd_llc_bytes();
-}
-
-static const struct kd_beam_oracle beam_1bit = {beam_open, beam_close, beam_prepare, beam_dist,
-                                                beam_prefetch};
 
 struct bcode_job {
     struct kd_index *ix;
@@ -520,12 +516,15 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
     memset(ix->deleted + first, 0, n);
     struct encode_job job = {ix, first, last, first};
     kd_run_workers(encode_worker, &job, kd_resolve_threads(threads));
-    struct kd_build_oracle o = {oracle_from, ix, NULL};
+    struct kd_build_oracle o = {oracle_from, ix, NULL, NULL};
     if ((err = build_codes(ix, first, last, kd_resolve_threads(threads))) < 0)
         goto out;
+    struct kd_beam_source src = {ix, row_vector, ix, ix->p.dim};
     if (!err)
         o = (struct kd_build_oracle){bcode_oracle_from, ix,
-                                     beam_pays(ix, last) ? &beam_1bit : NULL};
+                                     kd_beam_pays(ix, last * ix->bcode.stride) ? &kd_beam_1bit
+                                                                               : NULL,
+                                     &src};
     if ((err = kd_graph_prepare(&ix->graph, first, last, ix->p.seed)))
         goto out;
     err = kd_graph_insert_range(&ix->graph, first, last, ix->p.ef_construction, &o,

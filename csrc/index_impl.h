@@ -119,6 +119,36 @@ static inline void kd_prefetch_records(const uint8_t *base, size_t size, const u
     }
 }
 
+/* The graph search's estimate over the search codes, for a prepared query:
+ * a kd_graph_search oracle and its prefetch, shared by searches and by
+ * insertion's 1-bit beam. */
+struct kd_estimate_ctx {
+    const struct kd_index *ix;
+    const struct kd_qcode *qc;
+};
+
+static inline void kd_estimate_rows(void *p, const uint32_t *rows, size_t n, float *out)
+{
+    const struct kd_estimate_ctx *e = p;
+    e->ix->estimate(&e->ix->quant, e->qc, e->ix->codes, rows, n, out);
+}
+
+static inline void kd_prefetch_codes(void *p, const uint32_t *rows, size_t n)
+{
+    const struct kd_estimate_ctx *e = p;
+    kd_prefetch_records(e->ix->codes, e->ix->quant.code_size, rows, n);
+}
+
+/* Where insertion's 1-bit beam (kd_beam_1bit, opened with this) takes a
+ * node's vector: vector(ctx, a, scratch) gives node a (unit length for
+ * cosine), made in scratch, of scratch_floats, where it must be. */
+struct kd_beam_source {
+    const struct kd_index *ix; /* whose search codes the beam reads */
+    const float *(*vector)(const void *ctx, uint32_t a, float *scratch);
+    const void *ctx;
+    size_t scratch_floats;
+};
+
 static inline unsigned kd_resolve_threads(unsigned t) { return t ? t : kd_cpu_count(); }
 
 /* index.c */
@@ -131,5 +161,9 @@ int kd_valid_quantization(uint32_t q);
 int kd_check_finite(const float *x, size_t n, uint32_t dim, const char *what);
 /* Fold a thread's counters into the index's. */
 void kd_index_stats_add(struct kd_index *ix, const struct kd_stats *s);
+extern const struct kd_beam_oracle kd_beam_1bit;
+/* Whether insertion's beam should read ix's 1-bit search codes rather than
+ * build codes of build_code_bytes in all. */
+int kd_beam_pays(const struct kd_index *ix, uint64_t build_code_bytes);
 
 #endif

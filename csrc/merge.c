@@ -1,10 +1,11 @@
 /* merge.c — several indexes written as one new index file (see merge.h).
  *
  * Phases, each input's vectors being read front to back in large chunks:
- *   fit     one pass: the range of every dimension over all live vectors
- *           (unit length first for cosine), for the build codes;
- *   encode  a second pass: the build code of every live vector, and its
- *           search code where its input's quantizer differs from the base's;
+ *   fit     one pass: a sample of the live vectors (unit length first for
+ *           cosine) for 8-bit build codes, or the range of every dimension
+ *           over all of them for 4-bit ones; and the search code of each
+ *           row whose input's quantizer differs from the base's;
+ *   encode  a second pass: the build code of every live vector;
  *   repair  the base's graph renumbered, its removed nodes dropped; a list
  *           that lost a neighbour keeps the others and takes in, from the
  *           live neighbours of the ones it lost (the consolidation of
@@ -16,10 +17,14 @@
  *           levels drawn from their ids;
  *   write   the output through the normal save path, its vector section
  *           streamed from the inputs in a third pass.
- * Graph distances come from the build codes: symmetric distances between two
- * decoded codes, smaller is closer (squared l2, minus the inner product).
- * Memory: the output's graph, codes and ids, the build codes, a map from
- * each input row to its output row, and the stream buffers. */
+ * Graph distances come from the build codes: with 8 bits those insertion
+ * uses (buildcode.h), with 4 (or past KD_BCODE_MAX_DIM dimensions) the
+ * residual codes below; smaller is closer (squared l2, minus the inner
+ * product). Past twice the cache, insertion's beam reads the 1-bit search
+ * codes, each node prepared from its decoded build code.
+ * Memory: the output's graph, codes and ids, the build codes (before them,
+ * their fit's sample, no larger), a map from each input row to its output
+ * row, and the stream buffers. */
 #include "merge.h"
 #include "common.h"
 #include "index_impl.h"
@@ -38,7 +43,7 @@
 #define CACHED_DIMS 8192       /* a decoded code this long is kept per thread */
 #define ROWS_PER_THREAD 256    /* fewer rows than this a thread: fewer threads */
 
-/* ---- build codes
+/* ---- residual build codes
  *
  * Per-dimension scalar codes of each vector's residual from its centre in
  * the output's quantizer: value = offset + step * level, where a centre's
@@ -76,9 +81,16 @@ struct bcodes {
     uint64_t serial; /* names these codes in the oracle's per-thread cache */
 };
 
-uint64_t kd_merge_row_bytes(uint32_t bits, uint32_t dim)
+/* A row of these codes: the code, its centre and its decoded norm. */
+static uint64_t residual_row_bytes(uint32_t bits, uint32_t dim)
 {
     return kd_round_up(bits == 8 ? dim : (dim + 1) / 2, 8) + sizeof(uint16_t) + sizeof(float);
+}
+
+uint64_t kd_merge_row_bytes(uint32_t bits, uint32_t dim)
+{
+    uint64_t uniform = bits == 8 ? kd_bcode_row_bytes(dim) : 0;
+    return uniform ? uniform : residual_row_bytes(bits, dim);
 }
 
 /* The scalar reference loops; the SIMD ones below compute the same sums. */
@@ -237,7 +249,7 @@ static int bc_init(struct bcodes *b, uint32_t bits, uint32_t dim, int metric, ui
     b->norm = b->l2 ? calloc(rows ? rows : 1, sizeof(float)) : NULL;
     if (!b->lo || !b->step || !b->offset || !b->codes || !b->centre || (b->l2 && !b->norm))
         return kd_fail(-ENOMEM, "out of memory for the build codes (%llu bytes)",
-                       (unsigned long long)(rows * kd_merge_row_bytes(bits, dim)));
+                       (unsigned long long)(rows * residual_row_bytes(bits, dim)));
     return 0;
 }
 
@@ -484,7 +496,15 @@ struct merge {
     struct input *in; /* in output order: the base first */
     size_t n;
     struct kd_index *out;
+    /* The build codes: with 8 bits those insertion uses (one step for all
+     * dimensions, an integer inner product); with 4, or dimensions past
+     * KD_BCODE_MAX_DIM, residuals from the centres. */
+    int uniform;
+    struct kd_bcode kb;
     struct bcodes bc;
+    struct kd_build_oracle o; /* graph distances over whichever holds them */
+    float *sample;            /* fit, uniform: every sample_every-th output row */
+    uint64_t sample_every;
     unsigned threads;
     uint64_t done, total;       /* progress */
     float *lo_part, *hi_part;   /* fit: per worker slot, dim each */
@@ -584,9 +604,9 @@ static void *pass_worker(void *arg)
     uint32_t d = ix->p.dim;
     int normalized = ix->metric->normalized, reencode = !j->encode && !j->in->same_quant;
     const struct kd_quant *q = &m->out->quant;
-    unsigned slot = __atomic_fetch_add(&j->slot, 1, __ATOMIC_RELAXED);
-    float *lo = m->lo_part + (size_t)slot * d, *hi = m->hi_part + (size_t)slot * d;
-    double *sum = m->sum_part + (size_t)slot * d, *sq = m->sq_part + (size_t)slot * d;
+    size_t at = (size_t)__atomic_fetch_add(&j->slot, 1, __ATOMIC_RELAXED) * d;
+    float *lo = m->uniform ? NULL : m->lo_part + at, *hi = m->uniform ? NULL : m->hi_part + at;
+    double *sum = m->uniform ? NULL : m->sum_part + at, *sq = m->uniform ? NULL : m->sq_part + at;
     float *tmp = malloc(d * sizeof(float)), *res = malloc(d * sizeof(float)),
           *work = reencode ? malloc(q->pdim * sizeof(float)) : NULL;
     if (!tmp || !res || (reencode && !work)) {
@@ -616,6 +636,13 @@ static void *pass_worker(void *arg)
                                 q->refine_size ? m->out->refined + (size_t)o * q->refine_size
                                                : NULL,
                                 work);
+            if (m->uniform) {
+                if (j->encode)
+                    kd_bcode_encode(&m->kb, o, v, 1.0f);
+                else if (o % m->sample_every == 0)
+                    memcpy(m->sample + (size_t)(o / m->sample_every) * d, v, d * sizeof(float));
+                continue;
+            }
             if (!j->encode)
                 bc->centre[o] = (uint16_t)kd_quant_centre_of(q, code);
             const float *c = bc->centres + (size_t)bc->centre[o] * d;
@@ -701,6 +728,65 @@ static void fit_ranges(struct merge *m, uint64_t rows)
         b->lo[t] = lo;
         b->step[t] = hi > lo ? (hi - lo) / top : 1.0f;
     }
+}
+
+static void uniform_from(void *ctx, uint32_t a, const uint32_t *rows, size_t n, float *out)
+{
+    kd_bcode_from(ctx, a, rows, n, out);
+}
+
+/* What the fit pass gathers: with 8 bits (and dimensions
+ * KD_BCODE_MAX_DIM at most), every sample_every-th output row, at most
+ * KD_BCODE_FIT_SAMPLE of them, as an add fits insertion's codes; else
+ * per worker slot, each dimension's range, sum and sum of squares. */
+static int start_fit(struct merge *m, uint32_t bits, uint64_t total)
+{
+    uint32_t d = m->out->p.dim;
+    m->uniform = bits == 8 && kd_bcode_row_bytes(d) > 0;
+    if (m->uniform) {
+        /* At most a quarter of the rows: the sample's float32 vectors then
+         * take no more memory than the codes allocated after it is freed. */
+        uint64_t want = total / 4 < KD_BCODE_FIT_SAMPLE ? total / 4 : KD_BCODE_FIT_SAMPLE;
+        m->sample_every = (total + (want ? want : 1) - 1) / (want ? want : 1);
+        m->sample = malloc((total + m->sample_every - 1) / m->sample_every * d * sizeof(float));
+        return m->sample ? 0 : kd_fail(-ENOMEM, "out of memory while merging");
+    }
+    int err = bc_init(&m->bc, bits, d, m->out->p.metric, total, m->out->quant.ncentres,
+                      m->out->quant.centres, BC_BEST);
+    if (err)
+        return err;
+    m->lo_part = malloc((size_t)m->threads * d * sizeof(float));
+    m->hi_part = malloc((size_t)m->threads * d * sizeof(float));
+    m->sum_part = calloc((size_t)m->threads * d, sizeof(double));
+    m->sq_part = calloc((size_t)m->threads * d, sizeof(double));
+    if (!m->lo_part || !m->hi_part || !m->sum_part || !m->sq_part)
+        return kd_fail(-ENOMEM, "out of memory while merging");
+    for (size_t i = 0; i < (size_t)m->threads * d; i++) {
+        m->lo_part[i] = INFINITY;
+        m->hi_part[i] = -INFINITY;
+    }
+    return 0;
+}
+
+/* The build codes fitted to what the fit pass gathered, room for every row,
+ * and the graph's distances over them. */
+static int end_fit(struct merge *m, uint64_t total)
+{
+    if (!m->uniform) {
+        fit_ranges(m, total);
+        bc_offsets(&m->bc);
+        m->o = (struct kd_build_oracle){bc_from, &m->bc, NULL, NULL};
+        return 0;
+    }
+    uint64_t samples = (total + m->sample_every - 1) / m->sample_every;
+    int err = kd_bcode_fit(&m->kb, m->out->p.dim, m->out->p.metric == KD_L2, m->sample, NULL,
+                           samples);
+    free(m->sample);
+    m->sample = NULL;
+    if (!err)
+        err = kd_bcode_reserve(&m->kb, total);
+    m->o = (struct kd_build_oracle){uniform_from, &m->kb, NULL, NULL};
+    return err;
 }
 
 /* ---- the graph */
@@ -817,7 +903,7 @@ static int repair_list(struct merge *m, uint32_t o, uint32_t p, int level, const
     for (size_t i = 0; i < n; i++)
         if (!u || rs->cand[i] != rs->cand[u - 1])
             rs->cand[u++] = rs->cand[i];
-    bc_from(&m->bc, p, rs->cand, u, rs->dist);
+    m->o.from(m->o.ctx, p, rs->cand, u, rs->dist);
     for (size_t i = 0; i < u; i++)
         rs->items[i] = (struct kd_heap_item){rs->dist[i], rs->cand[i]};
     qsort(rs->items, u, sizeof *rs->items, cmp_item);
@@ -836,7 +922,7 @@ static int repair_list(struct merge *m, uint32_t o, uint32_t p, int level, const
         float d[4];
         for (uint32_t j = 0; j < k && good; j += 4) {
             uint32_t w = k - j < 4 ? k - j : 4;
-            bc_from(&m->bc, c.row, kept + j, w, d);
+            m->o.from(m->o.ctx, c.row, kept + j, w, d);
             for (uint32_t t = 0; t < w; t++)
                 good &= d[t] >= c.dist;
         }
@@ -976,7 +1062,6 @@ static void *link_worker(void *arg)
     struct link_job *j = arg;
     struct merge *m = j->m;
     struct kd_graph *g = &m->out->graph;
-    struct kd_build_oracle o = {bc_from, &m->bc};
     size_t cap = 0;
     uint32_t *rows = NULL;
     float *dist = NULL;
@@ -1016,11 +1101,11 @@ static void *link_worker(void *arg)
             l[0] = n;
             continue;
         }
-        bc_from(&m->bc, y, rows, n, dist);
+        m->o.from(m->o.ctx, y, rows, n, dist);
         for (uint32_t t = 0; t < n; t++)
             items[t] = (struct kd_heap_item){dist[t], rows[t]};
         qsort(items, n, sizeof *items, cmp_item);
-        l[0] = (uint32_t)kd_graph_select(&o, items, n, lcap, l + 1);
+        l[0] = (uint32_t)kd_graph_select(&m->o, items, n, lcap, l + 1);
     }
     free(rows);
     free(dist);
@@ -1091,12 +1176,23 @@ static int reuse_graph(struct merge *m, struct kd_merge_report *rep)
     /* Lists left thin at level 0 are searched for anew, in node order (the
      * workers above found them in any order). */
     qsort(j.thin, j.nthin, sizeof(uint32_t), cmp_u32);
-    struct kd_build_oracle o = {bc_from, &m->bc};
     if (j.nthin && g->entry != KD_NONE)
-        err = kd_graph_reconnect(g, j.thin, j.nthin, m->out->p.ef_construction, &o, m->threads);
+        err = kd_graph_reconnect(g, j.thin, j.nthin, m->out->p.ef_construction, &m->o, m->threads);
     rep->nodes_reconnected = j.nthin;
     free(j.thin);
     return err;
+}
+
+/* A row's decoded build code, for insertion's 1-bit beam: the vectors
+ * themselves are not in memory. */
+static const float *decoded_row(const void *ctx, uint32_t a, float *scratch)
+{
+    const struct merge *m = ctx;
+    if (m->uniform)
+        kd_bcode_decode(&m->kb, a, scratch);
+    else
+        bc_decode(&m->bc, a, scratch, scratch + m->bc.pd);
+    return scratch;
 }
 
 /* The other inputs' rows. Their levels are drawn from their ids, not their
@@ -1113,7 +1209,13 @@ static int insert_rest(struct merge *m, uint64_t first, uint64_t total)
     struct kd_graph *g = &m->out->graph;
     int err = kd_graph_prepare_keyed(g, first, total, m->mp->seed,
                                      (const uint64_t *)(m->out->ids + first));
-    struct kd_build_oracle o = {bc_from, &m->bc};
+    uint32_t d = m->out->p.dim;
+    struct kd_beam_source src = {m->out, decoded_row, m, m->uniform ? d : 2 * (size_t)m->bc.pd};
+    struct kd_build_oracle o = m->o;
+    if (kd_beam_pays(m->out, total * kd_merge_row_bytes(m->uniform ? 8 : m->bc.bits, d))) {
+        o.beam = &kd_beam_1bit;
+        o.beam_ctx = &src;
+    }
     for (uint64_t at = first; !err && at < total; at += GRAPH_STEP) {
         uint64_t last = total - at < GRAPH_STEP ? total : at + GRAPH_STEP;
         err = kd_graph_insert_range(g, at, last, m->out->p.ef_construction, &o, m->threads);
@@ -1324,26 +1426,13 @@ static int run(struct merge *m, const char *path, struct kd_merge_report *rep)
         uint64_t budget = m->mp->memory_budget;
         uint32_t bits = !budget || total * kd_merge_row_bytes(8, d) <= budget ? 8 : 4;
         rep->build_code_bits = bits;
-        if ((err = bc_init(&m->bc, bits, d, m->out->p.metric, total, m->out->quant.ncentres,
-                           m->out->quant.centres, BC_BEST)))
+        if ((err = start_fit(m, bits, total)))
             return err;
-        m->lo_part = malloc((size_t)m->threads * d * sizeof(float));
-        m->hi_part = malloc((size_t)m->threads * d * sizeof(float));
-        m->sum_part = calloc((size_t)m->threads * d, sizeof(double));
-        m->sq_part = calloc((size_t)m->threads * d, sizeof(double));
-        if (!m->lo_part || !m->hi_part || !m->sum_part || !m->sq_part)
-            return kd_fail(-ENOMEM, "out of memory while merging");
-        for (size_t i = 0; i < (size_t)m->threads * d; i++) {
-            m->lo_part[i] = INFINITY;
-            m->hi_part[i] = -INFINITY;
-        }
         t = kd_now_ns();
         for (size_t i = 0; i < m->n && !err; i++)
             err = each_chunk(m, &m->in[i], fit_chunk);
-        if (err)
+        if (err || (err = end_fit(m, total)))
             return err;
-        fit_ranges(m, total);
-        bc_offsets(&m->bc);
         rep->fit_seconds = secs_since(t);
         t = kd_now_ns();
         for (size_t i = 0; i < m->n && !err; i++)
@@ -1367,6 +1456,7 @@ static int run(struct merge *m, const char *path, struct kd_merge_report *rep)
     rep->rows_inserted = total - m->in[0].live;
     /* The build codes are done with: the write needs only stream buffers. */
     bc_free(&m->bc);
+    kd_bcode_free(&m->kb);
     t = kd_now_ns();
     struct merge_source src = {kd_vsource_memory, m};
     src.vs.name = "merge";
@@ -1423,6 +1513,8 @@ int kd_merge(const char *path, struct kd_index **in, size_t n, const struct kd_m
         free(m.in[i].to_out);
     kd_index_free(m.out);
     bc_free(&m.bc);
+    kd_bcode_free(&m.kb);
+    free(m.sample);
     free(m.lo_part);
     free(m.hi_part);
     free(m.sum_part);

@@ -195,23 +195,6 @@ static void score_read(struct kd_index *ix, struct kd_search_ctx *c, size_t k)
 
 /* ---- search */
 
-struct estimate_ctx {
-    const struct kd_index *ix;
-    const struct kd_qcode *qc;
-};
-
-static void estimate_rows(void *p, const uint32_t *rows, size_t n, float *out)
-{
-    const struct estimate_ctx *e = p;
-    e->ix->estimate(&e->ix->quant, e->qc, e->ix->codes, rows, n, out);
-}
-
-static void prefetch_codes(void *p, const uint32_t *rows, size_t n)
-{
-    const struct estimate_ctx *e = p;
-    kd_prefetch_records(e->ix->codes, e->ix->quant.code_size, rows, n);
-}
-
 size_t kd_shortlist_size(const struct kd_index *ix, const struct kd_search_params *sp)
 {
     double os = sp->oversample > 0 ? sp->oversample
@@ -497,13 +480,13 @@ static int query_graph(struct kd_index *ix, struct kd_search_ctx *c, const float
     if (early_ok && c->expand_ratio > 0)
         early.after = early_after(&job);
     kd_qcode_prepare(&ix->quant, c->q, &c->qc);
-    struct estimate_ctx e = {ix, &c->qc};
+    struct kd_estimate_ctx e = {ix, &c->qc};
     /* Searches hold the read lock, so live and count are stable here; with
      * nothing removed the tombstones need not be read per scored node. */
     struct kd_accept a = {ix->live < ix->count ? ix->deleted : NULL, f->allowed, hidden};
     uint64_t scored = c->s.scored;
-    size_t n = kd_graph_search(&ix->graph, &c->s, ef, L, estimate_rows, prefetch_codes, &e, &a,
-                               &early);
+    size_t n = kd_graph_search(&ix->graph, &c->s, ef, L, kd_estimate_rows, kd_prefetch_codes, &e,
+                               &a, &early);
     c->st.scored += c->s.scored - scored;
     float ratio = (float)early.expansions / (float)ef;
     c->expand_ratio = c->expand_ratio > 0 ? 0.9f * c->expand_ratio + 0.1f * ratio : ratio;

@@ -232,6 +232,13 @@ def open_quiet(path, backend="auto", **kw):
         return open_backend(path, backend, **kw)
 
 
+@pytest.fixture
+def cache_bytes():
+    """Set the last-level cache size builds and merges assume; detect again after."""
+    yield kd._core._set_cache_bytes
+    kd._core._set_cache_bytes(0)
+
+
 @pytest.fixture(scope="session")
 def features():
     return kd.features()

@@ -96,13 +96,6 @@ def test_resident_bytes_count_the_build_codes(tmp_path):
     loaded.close()
 
 
-@pytest.fixture
-def cache_bytes():
-    """Set the last-level cache size the build assumes; detect again after."""
-    yield _core._set_cache_bytes
-    _core._set_cache_bytes(0)
-
-
 def build_bytes(x, metric, threads=1, **kw):
     index = kd.Index(x.shape[1], metric, seed=5, **kw)
     index.add(x, threads=threads)

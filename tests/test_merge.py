@@ -230,11 +230,45 @@ def test_four_bit_build_codes(tmp_path):
     assert got >= 0.95
     assert got >= recall(fresh, s.q, s.truth) - 0.01
     assert recall(s.out, s.q, s.truth, **NARROW) >= recall(fresh, s.q, s.truth, **NARROW) - 0.02
-    # a row's 8-bit code: DIM bytes, its centre (2) and its decoded norm (4)
-    assert _core.merge_row_bytes(8, DIM) == DIM + 6
+    # a row's 8-bit code is insertion's: DIM rounded up to 16 bytes, then
+    # two 4-byte terms; a 4-bit one: DIM / 2 bytes padded to 8, its centre
+    # (2) and its decoded norm (4)
+    assert _core.merge_row_bytes(8, DIM) == DIM + 8 == _core.build_code_row_bytes(DIM)
+    assert _core.merge_row_bytes(8, 40) == 48 + 8
+    assert _core.merge_row_bytes(4, DIM) == DIM // 2 + 6
     s2 = _core.merge(str(tmp_path / "eight.kdx"), [s.inputs["a"]._core],
                      memory_budget=len(s.inputs["a"]) * _core.merge_row_bytes(8, DIM))
     assert s2["build_code_bits"] == 8
+
+
+@pytest.mark.parametrize("bits_budget", [0, 1000], ids=["8bit", "4bit"])
+@pytest.mark.parametrize("metric", METRICS)
+def test_beam_over_search_codes_past_the_cache(metric, bits_budget, cache_bytes, tmp_path):
+    """Past twice the cache, a merge's insertion takes the 1-bit beam as a
+    build does, each node prepared from its decoded build code (the vectors
+    are not in memory): the graph differs from the one over build codes
+    alone and searches as well."""
+    x, q = data(9000, seed=41)
+    ids = np.arange(9000, dtype=np.int64)
+    a = kd.Index(DIM, metric, seed=2)
+    a.add(x[:5000], ids[:5000])
+    b = segment(a, x[5000:], ids[5000:])
+    truth = brute_force(x, q, 10, metric)[1]
+    got, files = {}, {}
+    for name, size in (("beam", 1), ("build codes", 1 << 40)):
+        cache_bytes(size)
+        path = tmp_path / (name + ".kdx")
+        r = _core.merge(str(path), [a._core, b._core], memory_budget=bits_budget, seed=3)
+        assert r["rows_inserted"] == 4000
+        assert r["build_code_bits"] == (4 if bits_budget else 8)
+        out = kd.open(path)
+        got[name] = (recall(out, q, truth), recall(out, q, truth, **NARROW))
+        out.close()
+        files[name] = _container.read_section(path, "level0")
+    assert files["beam"] != files["build codes"]
+    assert got["beam"][0] >= 0.95
+    assert got["beam"][0] >= got["build codes"][0] - 0.01, got
+    assert got["beam"][1] >= got["build codes"][1] - 0.02, got
 
 
 @pytest.mark.parametrize("metric", ["l2", "cosine"])   # cosine: encoded at unit length
