@@ -401,3 +401,109 @@ def test_default_keeps_to_the_coarse_columns():
     # The first beam reaches it: ef is that beam's, not one more.
     assert _calibration.choose(cal, 0.92, K) == (10, 1.8, 0.93)
     assert _calibration.choose(cal, 0.92, K, sure=True) == (10, 2.0, 0.96)
+
+
+@pytest.fixture(scope="module")
+def unlike():
+    """20,000 x 32 clustered vectors and 800 queries from other centres,
+    with their true neighbours."""
+    base = clustered(20000, 32, seed=4300)
+    queries = clustered(800, 32, seed=4301)
+    _, truth = brute_force(base, queries, K, "l2")
+    return base, queries, truth
+
+
+def two_segments(path, base):
+    col = kd.Collection.create(path, 32, "l2", memory_budget="2MiB", merge_policy=None)
+    col.add(base[:12000], threads=1)
+    col.commit()
+    col.add(base[12000:], threads=1)
+    col.commit()
+    return col
+
+
+def test_collection_tune_on_queries_unlike_the_data(tmp_path, unlike):
+    """Collection.tune measures every segment on the user's queries, keeps
+    them in the commit, and calibrates later segments (merges) on them."""
+    base, queries, truth = unlike
+    rest, rest_truth = queries[400:], truth[400:]
+    path = tmp_path / "col"
+    col = two_segments(path, base)
+    assert {s["calibration"] for s in col.segments()} == {"build"}
+    # Calibrated on the data's own distribution, these queries fall short.
+    assert recall_at_k(col.search(rest, K)[1], rest_truth) < 0.9
+    segs = col.tune(queries[:400], threads=1)
+    assert [s["calibration"] for s in segs] == ["tune", "tune"]
+    assert col.info()["tune"] == {"queries": 400, "k": K} and col.info()["pending"]
+    assert recall_at_k(col.search(rest, K)[1], rest_truth) >= 0.95
+    assert recall_at_k(col.search(rest, K, recall=0.9)[1], rest_truth) >= 0.88
+    col.commit()
+    files = sorted(p.name for p in path.iterdir())
+    assert len([f for f in files if f.startswith("tune-")]) == 1, files
+    with kd.Collection.open(path) as reader:
+        assert [s["calibration"] for s in reader.segments()] == ["tune", "tune"]
+        assert reader.info()["tune"] == {"queries": 400, "k": K}
+        assert recall_at_k(reader.search(rest, K)[1], rest_truth) >= 0.95
+    # The merge's output is measured on the kept queries, in its own file.
+    col.merge(max_segments=1)
+    (seg,) = col.segments()
+    assert seg["calibration"] == "tune"
+    assert "calibration" not in col._doc["segments"][0]
+    assert recall_at_k(col.search(rest, K)[1], rest_truth) >= 0.93
+    col.close()
+    with kd.Collection.open(path, writable=True) as again:
+        assert again.segments()[0]["calibration"] == "tune"
+        assert again.info()["tune"] == {"queries": 400, "k": K}
+        # A flushed segment is measured on them too.
+        again.add(base[:3000] + 0.01, threads=1)
+        again.commit()
+        assert [s["calibration"] for s in again.segments()] == ["tune", "tune"]
+        cal = again._segments[1].index.info()["calibration"]
+        assert cal["queries"] == 400 and cal["count"] == 3000
+
+
+def test_collection_tune_rolls_back_and_is_replaced(tmp_path, unlike):
+    base, queries, _ = unlike
+    path = tmp_path / "col"
+    col = two_segments(path, base)
+    col.tune(queries[:100], threads=1)
+    col.rollback()
+    assert {s["calibration"] for s in col.segments()} == {"build"}
+    assert col.info()["tune"] is None and not col.info()["pending"]
+    col.tune(queries[:100], threads=1)
+    col.commit()
+    first = [p.name for p in path.iterdir() if p.name.startswith("tune-")]
+    col.tune(queries[100:300], threads=1)
+    col.commit()
+    second = [p.name for p in path.iterdir() if p.name.startswith("tune-")]
+    assert len(first) == len(second) == 1 and first != second
+    assert col.info()["tune"] == {"queries": 200, "k": K}
+    col.close()
+    # A damaged file of queries is reported at the next writable open.
+    data = bytearray((path / second[0]).read_bytes())
+    data[40] ^= 0xFF
+    (path / second[0]).write_bytes(bytes(data))
+    with kd.Collection.open(path) as reader:
+        with pytest.raises(kd.CorruptIndexError, match="tune file .*checksum mismatch"):
+            reader.verify()
+    with pytest.raises(kd.CorruptIndexError, match="tune file .*checksum mismatch"):
+        kd.Collection.open(path, writable=True)
+
+
+def test_collection_tune_errors(tmp_path, unlike):
+    base, queries, _ = unlike
+    path = tmp_path / "col"
+    two_segments(path, base).close()
+    with kd.Collection.open(path) as reader:
+        with pytest.raises(PermissionError, match="read-only"):
+            reader.tune(queries[:100])
+    with kd.Collection.open(path, writable=True) as col:
+        with pytest.raises(ValueError, match="at least 50 queries"):
+            col.tune(queries[:49])
+        with pytest.raises(ValueError, match="dim 16"):
+            col.tune(queries[:100, :16])
+        bad = queries[:100].copy()
+        bad[7, 3] = np.nan
+        with pytest.raises(ValueError, match="query row 7 contains NaN"):
+            col.tune(bad)
+        assert col.info()["tune"] is None and not col.info()["pending"]

@@ -6,6 +6,7 @@ tombstone files and one manifest per commit.
     DIR/seg-<n>.kdx                  a segment: an ordinary index file
     DIR/seg-<n>.kdx.del-<gen>        ids removed from seg-<n>, as of commit <gen>
     DIR/quantizer-<n>.kdx            an empty index holding the shared quantizer
+    DIR/tune-<n>.f32                 the queries of the last tune(), if any
 
 A commit writes every new file first (each fsynced), then the manifest by
 rename, then fsyncs the directory: the newest manifest is always whole, and
@@ -27,12 +28,12 @@ import zlib
 
 import numpy as np
 
-from . import _core
+from . import _calibration, _core
 from ._container import append_calibration
 from ._core import CorruptIndexError
 from ._index import (
     Index, _as_ids, _as_matrix, _default, _float32, _positive_int,
-    _progress_callback, _recall_target, _search_args, _uncalibrated, UINT32_MAX,
+    _progress_callback, _recall_target, _search_args, _tune_args, _uncalibrated, UINT32_MAX,
 )
 from ._index import TRAIN_SAMPLE
 from ._index import open as _open_index
@@ -40,6 +41,7 @@ from ._index import open as _open_index
 MANIFEST_FORMAT = "knndirect-collection"
 MANIFEST_VERSION = 1
 TOMBSTONE_MAGIC = b"KDTOMB01"
+TUNE_MAGIC = b"KDTUNE01"
 MERGE_POLICIES = (None, "tiered")
 # Tiered policy: merge this many segments of one size tier (tiers grow by
 # the same factor), and rewrite a segment alone once this share is removed.
@@ -50,7 +52,7 @@ OPEN_ATTEMPTS = 50
 
 _MANIFEST_RE = re.compile(r"^manifest-(\d{12})\.json$")
 _OURS_RE = re.compile(r"^(manifest-\d{12}\.json|seg-\d{6}\.kdx|seg-\d{6}\.kdx\.del-\d{12}|"
-                      r"quantizer-\d{6}\.kdx)(\.tmp.*)?$")
+                      r"quantizer-\d{6}\.kdx|tune-\d{6}\.f32)(\.tmp.*)?$")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
           "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40,
           "tb": 10**12, "tib": 1 << 40}
@@ -167,6 +169,42 @@ def _read_tombstones(path) -> np.ndarray:
     return np.frombuffer(data, "<i8", n, 16).astype(np.int64)
 
 
+def _write_tune(path, queries: np.ndarray, k: int):
+    q = np.ascontiguousarray(queries, dtype="<f4")
+    head = TUNE_MAGIC + np.array([q.shape[0], q.shape[1], k], "<u4").tobytes()
+    body = head + q.tobytes()
+    _write_durable(path, body + np.uint32(zlib.crc32(body)).astype("<u4").tobytes())
+
+
+def _read_tune(path, dim):
+    """(queries, k) of a tune file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 24 or data[:8] != TUNE_MAGIC:
+        raise CorruptIndexError(f"tune file {path} is damaged or foreign")
+    n, d, k = (int(x) for x in np.frombuffer(data, "<u4", 3, 8))
+    end = 20 + 4 * n * d
+    if d != dim or len(data) != end + 4:
+        raise CorruptIndexError(f"tune file {path} is truncated or of another dim")
+    if int(np.frombuffer(data, "<u4", 1, end)[0]) != zlib.crc32(data[:end]):
+        raise CorruptIndexError(f"tune file {path} is damaged (checksum mismatch)")
+    return np.frombuffer(data, "<f4", n * d, 20).reshape(n, d).astype(np.float32), k
+
+
+def _doc_files(doc):
+    """Every file a commit names, its manifest included."""
+    out = {_manifest_name(doc["generation"])}
+    if doc["quantizer"]:
+        out.add(doc["quantizer"])
+    if doc.get("tune"):
+        out.add(doc["tune"]["file"])
+    for e in doc["segments"]:
+        out.add(e["name"])
+        if e["tombstones"]:
+            out.add(e["tombstones"])
+    return out
+
+
 def is_collection(path) -> bool:
     """True when path is a directory holding a collection manifest."""
     return os.path.isdir(path) and _newest_generation(path) is not None
@@ -224,9 +262,10 @@ def _unlink_quietly(path):
 class _Segment:
     """One segment of a snapshot: its handle and tombstones."""
 
-    __slots__ = ("name", "index", "count", "bytes", "removed", "tomb_file", "dirty", "number")
+    __slots__ = ("name", "index", "count", "bytes", "removed", "tomb_file", "dirty", "number",
+                 "tuned")
 
-    def __init__(self, name, index, count, nbytes, removed, tomb_file):
+    def __init__(self, name, index, count, nbytes, removed, tomb_file, tuned=None):
         self.name = name
         self.number = int(name[4:10])
         self.index = index
@@ -235,6 +274,7 @@ class _Segment:
         self.removed = removed       # sorted ids removed since the file was written
         self.tomb_file = tomb_file   # the committed tombstone file, or None
         self.dirty = False           # removes since the last commit
+        self.tuned = tuned           # a table tune() measured after the file was written
 
     def live(self):
         return len(self.index)
@@ -362,6 +402,8 @@ class Collection:
         self._quantizer = None
         self._trained_rows = 0
         self._pending_quantizer = False
+        self._tune = None            # (queries, k) of the last tune(), for new segments
+        self._pending_tune = False
         self._changed = False
         self._queries = 0
         self._retired_stats = {}
@@ -420,6 +462,10 @@ class Collection:
         quantizer = None
         if doc["quantizer"] and self._writable:     # only new segments need it
             quantizer = self._open_file(doc["quantizer"], load=True)
+        tune = None
+        if doc.get("tune") and self._writable:      # only new segments need them
+            tune = _read_tune(os.path.join(self._path, doc["tune"]["file"]),
+                              int(doc["params"]["dim"]))
         old = {s.name: s for s in self._segments}
         staged = []
         for entry in doc["segments"]:
@@ -427,7 +473,8 @@ class Collection:
             if entry["tombstones"]:
                 removed = _read_tombstones(os.path.join(self._path, entry["tombstones"]))
             prev = old.get(entry["name"])
-            if prev is not None and not prev.dirty and np.isin(prev.removed, removed).all():
+            if (prev is not None and not prev.dirty and np.isin(prev.removed, removed).all()
+                    and prev.tuned == entry.get("calibration")):
                 # Still valid: tombstones only grow while a segment lives.
                 staged.append((entry, prev.index, np.setdiff1d(removed, prev.removed), removed))
             else:
@@ -436,8 +483,11 @@ class Collection:
         for entry, index, new, removed in staged:
             if new.size:
                 index.remove(new)
+            tuned = entry.get("calibration")
+            if tuned is not None:
+                index._set_calibration(_calibration.decode(_calibration.encode(tuned)))
             segments.append(_Segment(entry["name"], index, int(entry["count"]),
-                                     int(entry["bytes"]), removed, entry["tombstones"]))
+                                     int(entry["bytes"]), removed, entry["tombstones"], tuned))
         p = doc["params"]
         self._doc = doc
         self._params = p
@@ -450,6 +500,8 @@ class Collection:
         self._next_id = int(doc["next_id"])
         self._quantizer = quantizer
         self._pending_quantizer = False
+        self._tune = tune
+        self._pending_tune = False
         kept = {id(index) for _, index, _, _ in staged}
         for s in self._segments:
             if id(s.index) not in kept:
@@ -487,13 +539,7 @@ class Collection:
 
     def _clean_orphans(self):
         """Remove files of our naming that the newest commit does not name."""
-        keep = {_manifest_name(self._generation)}
-        if self._doc["quantizer"]:
-            keep.add(self._doc["quantizer"])
-        for entry in self._doc["segments"]:
-            keep.add(entry["name"])
-            if entry["tombstones"]:
-                keep.add(entry["tombstones"])
+        keep = _doc_files(self._doc)
         stale = [os.path.join(self._path, f) for f in os.listdir(self._path)
                  if _OURS_RE.match(f) and f not in keep]
         _retire(stale)
@@ -662,7 +708,9 @@ class Collection:
             return
         if self._pending_quantizer and self._trained_rows < min(len(buf), TRAIN_SAMPLE) // 2:
             buf = self._refit_buffer(buf)
-        if buf._cal is None:
+        if self._tune is not None and len(buf) > self._tune[1]:
+            buf._calibrate(*self._tune, self._threads or 0, "tune")
+        elif buf._cal is None:
             # Adds too small to hold queries out: measure on hidden nodes.
             buf._calibrate_hidden(self._threads, "hidden")
         name = _seg_name(self._new_file_number())
@@ -736,6 +784,7 @@ class Collection:
                                         if e["name"] == s.name), None)
                     s.dirty = False
             self._pending_quantizer = False
+            self._pending_tune = False
             self._changed = False
             self._drop_unreferenced(old, doc)
             self._maybe_merge()
@@ -749,6 +798,12 @@ class Collection:
             self._quantizer.save(os.path.join(self._path, name))
             written.append(name)
             doc["quantizer"] = name
+        if self._pending_tune:
+            name = f"tune-{self._new_file_number():06d}.f32"
+            _write_tune(os.path.join(self._path, name), *self._tune)
+            written.append(name)
+            doc["tune"] = {"file": name, "queries": int(self._tune[0].shape[0]),
+                           "k": int(self._tune[1])}
         entries = []
         for s in self._segments:
             tomb = s.tomb_file
@@ -758,24 +813,18 @@ class Collection:
                 written.append(tomb)
             elif not s.removed.size:
                 tomb = None
-            entries.append({"name": s.name, "count": s.count, "bytes": s.bytes,
-                            "live": s.live(), "tombstones": tomb})
+            entry = {"name": s.name, "count": s.count, "bytes": s.bytes, "live": s.live(),
+                     "tombstones": tomb}
+            if s.tuned is not None:
+                entry["calibration"] = s.tuned
+            entries.append(entry)
         doc["segments"] = entries
         doc["next_file"] = self._next_file
         doc["next_id"] = self._next_id
         return doc
 
     def _drop_unreferenced(self, old, new):
-        def files(doc):
-            out = {_manifest_name(doc["generation"])}
-            if doc["quantizer"]:
-                out.add(doc["quantizer"])
-            for e in doc["segments"]:
-                out.add(e["name"])
-                if e["tombstones"]:
-                    out.add(e["tombstones"])
-            return out
-        gone = files(old) - files(new)
+        gone = _doc_files(old) - _doc_files(new)
         _retire([os.path.join(self._path, f) for f in gone])
 
     def rollback(self):
@@ -867,6 +916,7 @@ class Collection:
             if any(s not in self._segments for s in inputs):
                 return   # a stale plan: an input was merged or rolled back meanwhile
             snapshot = [(s, s.removed.copy()) for s in inputs]
+            tune = self._tune
             name = _seg_name(self._new_file_number())
             handles = []
             for s, removed in snapshot:
@@ -896,7 +946,7 @@ class Collection:
             for h in handles:
                 h.close()
         try:
-            self._calibrate_merged(path, threads)
+            self._calibrate_merged(path, threads, tune)
         except BaseException:
             _unlink_quietly(path)
             raise
@@ -930,13 +980,18 @@ class Collection:
             _retire([os.path.join(self._path, s.name) for s in inputs
                      if s.name not in committed])
 
-    def _calibrate_merged(self, path, threads):
+    def _calibrate_merged(self, path, threads, tune):
         """A merge's output gets its recall calibration before anyone opens
-        it: measured on hidden nodes (no vector of it can be held out of its
-        graph), appended to the file in place."""
+        it: measured on the queries of tune() where one was made, else on
+        hidden nodes (no vector of it can be held out of its graph),
+        appended to the file in place."""
         opts = {k: v for k, v in self._open_options.items() if k != "preload"}
+        nthreads = _default(threads, self._threads) or 0
         with _open_index(path, preload=(), **opts) as out:
-            out._calibrate_hidden(_default(threads, self._threads) or 0, "hidden")
+            if tune is not None and len(out) > tune[1]:
+                out._calibrate(*tune, nthreads, "tune")
+            else:
+                out._calibrate_hidden(nthreads, "hidden")
             blob = out._core.calibration()
         if blob:
             append_calibration(path, blob)
@@ -1059,6 +1114,31 @@ class Collection:
             return D[0], I[0]
         return D, I
 
+    def tune(self, queries, k=10, *, threads=None) -> list:
+        """Measure every segment's recall calibration again on your own
+        queries (as :meth:`knndirect.Index.tune` does for one index: each
+        segment's true neighbours by brute force over it), and keep the
+        queries: segments written later (flushes, merges) are calibrated on
+        them too, not on vectors of the data. Durable at the next commit;
+        a writer only (readers see it after ``refresh``). Returns
+        ``segments()``."""
+        q, k = _tune_args(queries, self._dim, k)
+        with self._state:
+            self._check_writable()
+            self._wait_merge()
+            nthreads = _positive_int(_default(threads, self._threads), "threads",
+                                     maximum=UINT32_MAX) or 0
+            for s in self._segments:
+                if s.live() > k:
+                    s.index._calibrate(q, k, nthreads, "tune")
+                    s.tuned = s.index._cal
+            if self._buffer is not None and len(self._buffer) > k:
+                self._buffer._calibrate(q, k, nthreads, "tune")
+            self._tune = (q.copy(), k)
+            self._pending_tune = True
+            self._changed = True
+            return self.segments()
+
     def get_vectors(self, ids):
         """The stored vectors of live ids, as added, shape (n, dim). An id
         that is not live raises KeyError."""
@@ -1095,10 +1175,13 @@ class Collection:
 
     def segments(self) -> list:
         """One dict per segment: name, count (records in the file), live,
-        bytes (file size), removed (ids removed since it was written)."""
+        bytes (file size), removed (ids removed since it was written),
+        committed, calibration (the source of its recall table: "build",
+        "hidden", "tune", or None)."""
         with self._state:
             return [{"name": s.name, "count": s.count, "live": s.live(), "bytes": s.bytes,
-                     "removed": int(s.removed.size), "committed": not s.dirty}
+                     "removed": int(s.removed.size), "committed": not s.dirty,
+                     "calibration": s.index._cal and s.index._cal["source"]}
                     for s in self._segments]
 
     def info(self) -> dict:
@@ -1106,7 +1189,8 @@ class Collection:
         buffered (vectors in the write buffer), pending (uncommitted
         changes), merging, last_merge (the core's report of this object's
         last merge: rows reused from the base graph, inserted, repaired,
-        timings), memory_budget, merge_policy, and the I/O facts of the
+        timings), memory_budget, merge_policy, tune (queries and k of the
+        last tune(), or None), and the I/O facts of the
         segments (io_backend, direct_io, record_size, alignment) and
         resident_bytes."""
         with self._state:
@@ -1121,6 +1205,7 @@ class Collection:
                    "buffered": len(self._buffer) if self._buffer is not None else 0,
                    "pending": bool(self._changed or any(s.dirty for s in self._segments)),
                    "merging": self._merge_thread is not None,
+                   "tune": self._tune_info(),
                    "last_merge": self._last_merge}
             resident = 0
             for s in self._segments:
@@ -1134,6 +1219,13 @@ class Collection:
                             "fallbacks"):
                     out[key] = first.get(key)
             return out
+
+    def _tune_info(self):
+        """{"queries", "k"} of the last tune() (a reader's: the commit's), or None."""
+        if self._tune is not None:
+            return {"queries": int(self._tune[0].shape[0]), "k": int(self._tune[1])}
+        t = self._doc.get("tune")
+        return t and {"queries": t["queries"], "k": t["k"]}
 
     def stats(self, reset=False) -> dict:
         """Counters summed over the segments (those merged away included):
@@ -1165,11 +1257,14 @@ class Collection:
 
     def verify(self) -> bool:
         """Check the commit: the manifest and tombstone checksums, every
-        segment file's checksums (vectors included), and that every
-        tombstoned id belongs to its segment. Raises CorruptIndexError."""
+        segment file's checksums (vectors included), the tune file's, and
+        that every tombstoned id belongs to its segment. Raises
+        CorruptIndexError."""
         with self._state:
             self._check_open()
             _read_manifest(os.path.join(self._path, _manifest_name(self._generation)))
+            if self._doc.get("tune"):
+                _read_tune(os.path.join(self._path, self._doc["tune"]["file"]), self._dim)
             for s in self._segments:
                 s.index.verify()
                 if s.tomb_file:

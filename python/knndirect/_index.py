@@ -157,6 +157,19 @@ def _recall_target(recall, ef, oversample):
     return r
 
 
+def _tune_args(queries, dim, k):
+    """tune()'s queries (float32, C order) and k, checked."""
+    q = np.asarray(queries)
+    q = _as_matrix(q if q.ndim == 2 else q.reshape(1, -1), dim, "queries")
+    if q.shape[0] < _calibration.MIN_QUERIES:
+        raise ValueError(f"tune needs at least {_calibration.MIN_QUERIES} queries, "
+                         f"got {q.shape[0]}")
+    finite = np.isfinite(q).all(axis=1)
+    if not finite.all():
+        raise ValueError(f"query row {int(np.flatnonzero(~finite)[0])} contains NaN or Inf")
+    return _float32(q), _positive_int(k, "k", allow_none=False)
+
+
 def _uncalibrated(recall, live, remedy="call tune(queries) once"):
     """(ef, oversample, exact) where no calibration exists: ef 64 by default;
     for recall= on a small index an exact search (the 1-bit order misses
@@ -537,12 +550,7 @@ class Index:
         dict
             ``info()["calibration"]``.
         """
-        q = np.asarray(queries)
-        q = _as_matrix(q if q.ndim == 2 else q.reshape(1, -1), self._dim, "queries")
-        if q.shape[0] < _calibration.MIN_QUERIES:
-            raise ValueError(f"tune needs at least {_calibration.MIN_QUERIES} queries, "
-                             f"got {q.shape[0]}")
-        k = _positive_int(k, "k", allow_none=False)
+        q, k = _tune_args(queries, self._dim, k)
         if len(self._core) <= k:
             raise ValueError(f"tune needs an index of more than k = {k} vectors")
         nthreads = _positive_int(_default(threads, self._threads), "threads",
