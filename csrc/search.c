@@ -199,7 +199,7 @@ size_t kd_shortlist_size(const struct kd_index *ix, const struct kd_search_param
 {
     double os = sp->oversample > 0 ? sp->oversample
                                    : kd_default_oversample(ix->p.quantization, ix->p.dim);
-    double L = ceil((double)sp->k * os);
+    double L = ceil((double)sp->k * os - 1e-9); /* k * (L / k) may land a hair above L */
     if (L < (double)sp->k)
         L = (double)sp->k;
     return L > 1e7 ? 10000000 : (size_t)L;

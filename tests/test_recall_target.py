@@ -109,10 +109,38 @@ def test_default_search_reaches_095(built):
     assert got >= 0.95, f"{metric}: default recall {got:.4f}"
     info = index.info()
     default = info["calibration"]["default"]
-    assert (info["default_ef"], info["default_oversample"]) == (default["ef"],
-                                                               default["oversample"])
+    # The table's shortlist, widened by the live count over the table's
+    # (20,000 over 19,600) to the nearest row.
+    grown = len(index) / info["calibration"]["count"]
+    length = round(K * default["oversample"])
+    assert grown > 1 and round(length * grown) > length
+    assert info["default_ef"] == default["ef"]
+    assert info["default_oversample"] == round(length * grown) / K
+    index.stats(reset=True)
+    index.search(fresh[:10], K)
+    assert index.stats()["rerank_vectors"] == 10 * round(length * grown)
     # The default keeps a margin of its own standard error above 0.95.
     assert default["expected_recall"] >= 0.95
+
+
+def test_default_reaches_095_on_a_small_index():
+    """2,000 vectors: the table is measured on 1,800 (200 held out), which
+    overstates the whole index's recall by up to 0.02 at the default's
+    point. Unwidened, these four graphs gave 0.933-0.940; widened,
+    0.955-0.961 (16 graphs: at least 0.955; benchmarks/calibration_seeds.py
+    --n 2000). A graph built elsewhere (another compiler) may differ: each
+    is held to 0.945, their mean to 0.95."""
+    base = clustered(3000, 64, 4200)[:2000]
+    fresh = clustered(6000, 64, 4200)[2000:]
+    _, truth = brute_force(base, fresh, K, "l2")
+    got = []
+    for seed in (4, 5, 6, 7):
+        index = kd.Index(64, "l2", seed=seed)
+        index.add(base, threads=1)
+        assert index.info()["calibration"]["count"] == 1800
+        got.append(recall_at_k(index.search(fresh, K)[1], truth))
+        index.close()
+    assert min(got) >= 0.945 and np.mean(got) >= 0.95, got
 
 
 def test_calibration_travels_with_the_file(built, tmp_path):
@@ -392,15 +420,18 @@ def test_queries_unlike_the_data_are_calibrated_by_tune():
 
 
 def test_default_keeps_to_the_coarse_columns():
-    """recall= may take a shortlist of 1.25 or 1.75 x k; the default, whose
-    one-sided bound loses little to a coarse grid, does not."""
-    cal = {"k": K, "ef": [10, 14], "shortlist": [10, 13, 15, 18, 20],
-           "recall": [[0.80, 0.85, 0.88, 0.93, 0.96], [0.80, 0.86, 0.90, 0.95, 0.97]],
-           "stderr": [[0.0] * 5, [0.0] * 5], "scored": [100.0, 140.0]}
-    assert _calibration._target_only(K) == {13, 18}
+    """recall= may take a shortlist of 1.25, 1.75 or 2.5 x k; the default,
+    whose one-sided bound loses little to a coarse grid, does not."""
+    cal = {"k": K, "ef": [10, 14], "shortlist": [10, 13, 15, 18, 20, 25, 30],
+           "recall": [[0.80, 0.85, 0.88, 0.93, 0.96, 0.975, 0.985],
+                      [0.80, 0.86, 0.90, 0.95, 0.97, 0.98, 0.99]],
+           "stderr": [[0.0] * 7, [0.0] * 7], "scored": [100.0, 140.0]}
+    assert _calibration._target_only(K) == {13, 18, 25}
     # The first beam reaches it: ef is that beam's, not one more.
     assert _calibration.choose(cal, 0.92, K) == (10, 1.8, 0.93)
     assert _calibration.choose(cal, 0.92, K, sure=True) == (10, 2.0, 0.96)
+    assert _calibration.choose(cal, 0.975, K) == (10, 2.5, 0.975)
+    assert _calibration.choose(cal, 0.975, K, sure=True) == (10, 3.0, 0.985)
 
 
 @pytest.fixture(scope="module")
