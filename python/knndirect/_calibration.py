@@ -245,7 +245,9 @@ def decode(blob: bytes):
               and len(cal["recall"]) == len(cal["ef"]) == len(cal["scored"])
               == len(cal["stderr"]) == len(cal.get("refined", cal["ef"]))
               and all(len(row) == len(cal["shortlist"])
-                      for row in cal["recall"] + cal["stderr"]))
+                      for row in cal["recall"] + cal["stderr"])
+              and isinstance(cal.get("serves", cal["count"]), int)
+              and cal.get("serves", cal["count"]) >= cal["count"] > 0)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         ok = False
     if not ok:

@@ -270,11 +270,12 @@ class Index:
         self._cal, self._choices = cal, {}
 
     def _calibrate(self, queries, k, threads, source, *, truth_of=None, hidden=None,
-                   started=None, first=None):
+                   started=None, first=None, serves=None):
         """Measure the table on queries (their true neighbours found by brute
         force unless truth_of(lo, hi) gives those of queries[lo:hi]) and keep
         it. first: measure that many, and the rest only if the table's error
-        asks for them."""
+        asks for them. serves: the count the index will have once the
+        queries (held out of it) go in."""
         t0 = started or time.perf_counter()
         q = _float32(queries)
         if truth_of is None:
@@ -282,6 +283,8 @@ class Index:
                 return self._core.search(q[lo:hi], k, 0, 0.0, True, True, threads or 0, None)[1]
         cal = _calibration.measure(self._core, q, truth_of, k, hidden=hidden,
                                    threads=threads or 0, source=source, first=first)
+        if serves is not None and serves > cal["count"]:
+            cal["serves"] = int(serves)
         self._set_calibration(cal)
         # Not in the file: a threads=1 build saves the same bytes every time.
         self._cal_seconds = round(time.perf_counter() - t0, 4)
@@ -329,32 +332,32 @@ class Index:
         """(ef, oversample) of the calibration for recall (None: the default
         target, met with confidence), or None without a calibration.
 
-        The default's shortlist is widened by the live count over the count
-        the table was measured at: the more vectors compete for a shortlist,
-        the deeper the same true neighbours sit in it (the rule a collection
-        applies across its segments). A build measures its table before its
-        held-out queries go in, so the table overstates the whole index's
-        recall (2,000 vectors, 200 held out: by 0.005-0.02 at the default's
-        point, which fell to 0.933-0.940 on 5 of 16 graphs), and an index
-        may grow to twice the table's count before measuring again. A
-        target given with recall= is an estimate to within +-TOLERANCE,
-        not a bound, and stays unwidened (widened, the short lists of k=10
-        round up to overshoot by 0.015-0.04: benchmarks/calibration_seeds.py
-        --n 2000)."""
+        A build measures its table before its held-out queries go in, so the
+        table overstates the whole index's recall: with more vectors
+        competing for a shortlist, the same true neighbours sit deeper in it
+        (2,000 vectors, 200 held out: by 0.005-0.02 at the default's point,
+        which fell to 0.933-0.940 on 5 of 16 graphs). The default's
+        shortlist is therefore widened by the count the table serves over
+        the count it was measured at, to the nearest row (the rule a
+        collection applies across its segments). Both counts are the
+        table's, so a search's parameters never depend on adds running
+        beside it. A target given with recall= is an estimate to within
+        +-TOLERANCE, not a bound, and stays unwidened (widened, the short
+        lists of k=10 round up to overshoot by 0.015-0.04;
+        benchmarks/calibration_seeds.py --n 2000)."""
         if self._cal is None:
             return None
         key = (recall, k)
         got = self._choices.get(key)
         if got is None:
             target = _calibration.DEFAULT_TARGET if recall is None else recall
-            got = self._choices[key] = _calibration.choose(self._cal, target, k,
-                                                           sure=recall is None)[:2]
-        ef, oversample = got
-        grown = len(self._core) / self._cal["count"]
-        if recall is None and grown > 1:
-            length = math.ceil(k * oversample - 1e-9)
-            oversample = max(length, round(length * grown)) / k
-        return ef, oversample
+            ef, oversample = _calibration.choose(self._cal, target, k, sure=recall is None)[:2]
+            grown = self._cal.get("serves", self._cal["count"]) / self._cal["count"]
+            if recall is None and grown > 1:
+                length = math.ceil(k * oversample - 1e-9)
+                oversample = max(length, round(length * grown)) / k
+            got = self._choices[key] = ef, oversample
+        return got
 
     def _search_params(self, k, ef, oversample, recall):
         """(ef, oversample, exact) for a search: a recall target read from
@@ -460,7 +463,8 @@ class Index:
                     break
             if held is not None and done == n:
                 self._calibrate(x[held], _calibration.K, nthreads, "build",
-                                first=_calibration.QUERIES)
+                                first=_calibration.QUERIES,
+                                serves=len(self._core) + held.shape[0])
         finally:
             # Whatever happened, the index holds exactly the chunks done, held
             # rows included. A chunk is done when its rows are in: Ctrl-C can
