@@ -191,6 +191,17 @@ def _read_tune(path, dim):
     return np.frombuffer(data, "<f4", n * d, 20).reshape(n, d).astype(np.float32), k
 
 
+def _calibrate_new_segment(index, tune, threads):
+    """A segment about to be written gets its table: on the queries of
+    tune() where one was made; else it keeps the one its adds measured, or
+    (adds too small to hold queries out, a merge's output) one measured on
+    hidden nodes."""
+    if tune is not None and len(index) > tune[1]:
+        index._calibrate(*tune, threads, "tune")
+    elif index._cal is None:
+        index._calibrate_hidden(threads, "hidden")
+
+
 def _doc_files(doc):
     """Every file a commit names, its manifest included."""
     out = {_manifest_name(doc["generation"])}
@@ -708,11 +719,7 @@ class Collection:
             return
         if self._pending_quantizer and self._trained_rows < min(len(buf), TRAIN_SAMPLE) // 2:
             buf = self._refit_buffer(buf)
-        if self._tune is not None and len(buf) > self._tune[1]:
-            buf._calibrate(*self._tune, self._threads or 0, "tune")
-        elif buf._cal is None:
-            # Adds too small to hold queries out: measure on hidden nodes.
-            buf._calibrate_hidden(self._threads, "hidden")
+        _calibrate_new_segment(buf, self._tune, self._threads or 0)
         name = _seg_name(self._new_file_number())
         path = os.path.join(self._path, name)
         buf.save(path)
@@ -988,10 +995,7 @@ class Collection:
         opts = {k: v for k, v in self._open_options.items() if k != "preload"}
         nthreads = _default(threads, self._threads) or 0
         with _open_index(path, preload=(), **opts) as out:
-            if tune is not None and len(out) > tune[1]:
-                out._calibrate(*tune, nthreads, "tune")
-            else:
-                out._calibrate_hidden(nthreads, "hidden")
+            _calibrate_new_segment(out, tune, nthreads)
             blob = out._core.calibration()
         if blob:
             append_calibration(path, blob)
