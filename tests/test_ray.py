@@ -276,3 +276,48 @@ def test_core_does_not_import_ray():
     root = os.path.dirname(os.path.dirname(os.path.abspath(kd.__file__)))
     subprocess.run([sys.executable, "-c", code], check=True,
                    env={**os.environ, "PYTHONPATH": root})
+
+
+def test_tune_calibrates_every_shard_on_unlike_queries(cluster, tmp_path):
+    """tune() measures each shard on the user's queries, commits, and the
+    serving actors (every replica) move to the tuned commit."""
+    base = kd.datasets.clustered(16000, DIM, seed=4300)
+    queries = kd.datasets.clustered(600, DIM, seed=4301)    # other cluster centres
+    truth, _ = kd.datasets.ground_truth(base, queries, K)
+    held, rest, rest_truth = queries[:300], queries[300:], truth[300:]
+    path = str(tmp_path / "tuned")
+    kdr.build(ray.data.from_numpy(base), path, column="data", num_shards=2)
+    with kdr.open(path, replicas=2) as index:
+        before = kd.datasets.recall_at_k(index.search(rest, K)[1], rest_truth, K)
+        with pytest.raises(ValueError, match="at least 50 queries"):
+            index.tune(held[:10])
+        with pytest.raises(ValueError, match="queries"):
+            index.tune(held[:, :8])
+        out = index.tune(held, K)
+        assert [s["name"] for s in out] == ["shard-0000", "shard-0001"]
+        assert all(seg["calibration"] == "tune" for s in out for seg in s["segments"])
+        after = kd.datasets.recall_at_k(index.search(rest, K)[1], rest_truth, K)
+        assert before < 0.93 and after >= 0.95, (before, after)
+        # Every replica serves the tuned tables: the same answers as each
+        # shard's collection opened here, merged.
+        shards = [kd.Collection.open(os.path.join(path, s["name"])) for s in index.shards()]
+        try:
+            assert all(c.info()["tune"] == {"queries": 300, "k": K} for c in shards)
+            want = kdr._merge_top_k([c.search(rest, K) for c in shards], K, "l2", len(rest))
+            for _ in range(2):                                # both replicas, round-robin
+                D, ids = index.search(rest, K)
+                np.testing.assert_array_equal(ids, want[1])
+        finally:
+            for c in shards:
+                c.close()
+        # A shard held by another writer fails alone, by name; the other is tuned.
+        with kd.Collection.open(os.path.join(path, "shard-0001"), writable=True):
+            with pytest.raises(kdr.ShardError, match="shard-0001.*already open for writing") as e:
+                index.tune(rest[:100], K)
+        assert e.value.shards == ["shard-0001"]
+        with kd.Collection.open(os.path.join(path, "shard-0000")) as c0, \
+                kd.Collection.open(os.path.join(path, "shard-0001")) as c1:
+            assert c0.info()["tune"]["queries"] == 100 and c1.info()["tune"]["queries"] == 300
+    index.close()
+    with pytest.raises(ValueError, match="closed"):
+        index.tune(held)

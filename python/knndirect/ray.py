@@ -33,7 +33,7 @@ except ImportError:                                # Ray before 2.31
 from ._collection import (Collection, _encode_manifest, _fsync_dir, _read_json_manifest,
                           _write_durable, parse_bytes)
 from ._index import (TRAIN_SAMPLE, Index, _progress_callback, _recall_target, _search_args,
-                     load)
+                     _tune_args, load)
 from .datasets import _arrow_matrix
 
 __all__ = ["build", "open", "ShardedIndex", "ShardError", "ShardTimeoutError",
@@ -108,6 +108,15 @@ def _build_shard(part, shard_path, quantizer_path, dim, metric, params, column, 
                 "segments": len(segs)}
     finally:
         col.close()
+
+
+def _tune_shard(shard_path, queries, k, threads, options):
+    """One Ray task: the shard's collection opened for writing, tuned on
+    the queries and committed. Returns its segments()."""
+    with Collection.open(shard_path, writable=True, **options) as col:
+        segs = col.tune(queries, k, threads=threads)
+        col.commit()
+        return segs
 
 
 def _clean_partial(path):
@@ -290,6 +299,9 @@ class _ShardServer:
     def info(self):
         return self._col.info()
 
+    def refresh(self):
+        return self._col.refresh()
+
     def _stall(self, seconds):
         """Tests: answer no search for the next `seconds`."""
         self._stall_until = time.monotonic() + float(seconds)
@@ -331,6 +343,7 @@ class ShardedIndex:
         self._closed = False
         self._inflight = {}
         self._turn = itertools.count()
+        self._open_options = dict(open_options)
         options = {"num_cpus": 0, "max_concurrency": 4}
         options.update(actor_options or {})
         options["max_restarts"] = max_restarts
@@ -522,6 +535,51 @@ class ShardedIndex:
         if single:
             return D[0], ids[0]
         return D, ids
+
+    def tune(self, queries, k=10, *, threads=None):
+        """Calibrate every shard's recall targets on your own queries: one
+        Ray task per shard opens its collection for writing and runs
+        :meth:`knndirect.Collection.tune` (each shard's truth by brute force
+        over that shard, so each finds its own top k at the target, and so
+        the merged top k does too), then commits; every replica then moves
+        to that commit. Segments the shards write later are calibrated on
+        the same queries. Needs the shards' paths where the tasks run, and
+        no other writer open on them.
+
+        Each shard commits on its own. If one fails, the others keep their
+        tune (a shard's table is right either way) and
+        :class:`ShardError` names the failed shards; run tune again to
+        finish. Returns one dict per shard: name and segments.
+        """
+        self._check_open()
+        q, k = _tune_args(queries, self._dim, k)
+        nshards = len(self._actors)
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // nshards)
+        options = {key: self._open_options[key] for key in ("io_backend", "direct_io")
+                   if key in self._open_options}
+        task = ray.remote(_tune_shard).options(num_cpus=cpus, max_retries=0)
+        qref = ray.put(q)
+        names = [s["name"] for s in self._doc["shards"]]
+        refs = [task.remote(os.path.join(self._path, name), qref, k,
+                            cpus if threads is None else threads, options) for name in names]
+        done, failed = [], {}
+        for name, ref in zip(names, refs):
+            try:
+                done.append({"name": name, "segments": ray.get(ref)})
+            except Exception as e:             # the task's error, re-raised by ray.get
+                failed[name] = e
+        for ref in [a.refresh.remote() for group in self._actors for a in group]:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                pass                           # a restarted actor opens the newest commit
+        if failed:
+            first = next(iter(failed.values()))
+            cause = getattr(first, "cause", None) or first
+            raise ShardError(f"tune failed on shard(s) {', '.join(failed)} of {self._path} "
+                             f"({type(cause).__name__}: {cause}); the other shards are tuned "
+                             "and committed", list(failed)) from first
+        return done
 
     def info(self):
         """The manifest's facts (dim, metric, count, params), shards,
