@@ -3,10 +3,15 @@ seeds, on the test suite's clustered set (20,000 x 64, one-thread
 builds), measured on 4,000 fresh queries of the same distribution.
 
     python benchmarks/calibration_seeds.py [--seeds 8] [--steps 1,1.5,2,3,...]
-        [--quantization 1bit+4bit] [--n 2000]
+        [--quantization 1bit+4bit] [--n 2000] [--grow 1.9]
 
 --n takes the first n vectors of the same distribution instead (small
 indexes: their table is measured on n less the held-out queries).
+
+--grow G builds each graph on the first n / G vectors and adds the rest
+in adds of 1,000 (G below 2, so the table is not measured again), then
+prints the default's recall as searched (widened for the growth in the
+core) and with the table's own pick at build (unwidened).
 
 --steps replaces the table's shortlist lengths (multiples of k) for an A/B
 of the ladder; the default is the library's own. For each metric it prints
@@ -37,7 +42,13 @@ def main():
     ap.add_argument("--metrics", default="l2,ip,cosine")
     ap.add_argument("--quantization", default="1bit")
     ap.add_argument("--n", type=int, default=20000, help="vectors (the tests' set: 20000)")
+    ap.add_argument("--grow", type=float, default=None,
+                    help="build on n/G, add the rest by 1,000 (1 < G < 2)")
     args = ap.parse_args()
+    if args.grow is not None and not 1 < args.grow < 2:
+        ap.error("--grow must lie between 1 and 2 (at 2 the table is measured again)")
+    if args.grow:
+        return grown(args)
     if args.steps:
         _calibration.LENGTH_STEPS = tuple(float(s) for s in args.steps.split(","))
     n, d = args.n, 64
@@ -62,6 +73,41 @@ def main():
               f"{int((np.abs(e) > 0.02).sum())}/{e.size} | {min(defaults):.4f} | "
               f"{np.mean(defaults):.4f} | {sum(r < 0.95 for r in defaults)}/{len(defaults)} |",
               flush=True)
+
+
+def grown(args):
+    n, d = args.n, 64
+    base = clustered(n + 1000, d, 4200)[:n]
+    fresh = clustered(n + 4000, d, 4200)[n:]
+    first = int(n / args.grow)
+    print(f"{args.quantization}; built on {first}, grown by adds of 1,000 to {n}")
+    print("| metric | default min | default mean | default < 0.95 | unwidened min "
+          "| unwidened mean | unwidened < 0.95 | ef, oversample (mean) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for metric in args.metrics.split(","):
+        _, truth = brute_force(base, fresh, 10, metric)
+        widened, unwidened, picks = [], [], []
+        for seed in range(args.seeds):
+            index = kd.Index(d, metric, seed=seed, quantization=args.quantization)
+            index.add(base[:first], threads=1)
+            at_build = index.info()
+            for start in range(first, n, 1000):
+                index.add(base[start:start + 1000], threads=1)
+            now = index.info()
+            assert now["calibration"]["count"] == at_build["calibration"]["count"], \
+                "the table was measured again: use a smaller --grow"
+            widened.append(recall_at_k(index.search(fresh, 10)[1], truth))
+            unwidened.append(recall_at_k(index.search(
+                fresh, 10, ef=at_build["default_ef"],
+                oversample=at_build["default_oversample"])[1], truth))
+            picks.append((at_build["default_ef"], at_build["default_oversample"],
+                          now["default_ef"], now["default_oversample"]))
+            index.close()
+        p = np.mean(picks, axis=0)
+        print(f"| {metric} | {min(widened):.4f} | {np.mean(widened):.4f} | "
+              f"{sum(r < 0.95 for r in widened)}/{len(widened)} | {min(unwidened):.4f} | "
+              f"{np.mean(unwidened):.4f} | {sum(r < 0.95 for r in unwidened)}/{len(unwidened)} | "
+              f"{p[0]:.1f}, {p[1]:.2f} -> {p[2]:.1f}, {p[3]:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

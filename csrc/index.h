@@ -53,6 +53,11 @@ struct kd_search_params {
     unsigned threads;      /* 0: all cores */
     const int64_t *filter; /* allowed ids, or NULL */
     size_t nfilter;
+    /* The vector count ef and oversample were chosen for (0: none). More
+     * live vectors at search time widen the shortlist in proportion and the
+     * beam by the square root, read under the search's lock so that both
+     * match the graph searched. */
+    size_t serves;
 };
 
 struct kd_stats {
@@ -104,6 +109,10 @@ int kd_index_remove(struct kd_index *ix, const int64_t *ids, size_t n);
 /* dist: nq*k scores, ids: nq*k ids, best first, missing = -1 / +-inf. */
 int kd_index_search(struct kd_index *ix, const float *q, size_t nq,
                     const struct kd_search_params *sp, float *dist, int64_t *ids);
+/* The beam width and shortlist length a search with sp would use now
+ * (widened for live vectors past sp->serves). */
+void kd_index_search_widths(struct kd_index *ix, const struct kd_search_params *sp, size_t *ef,
+                            size_t *shortlist);
 
 /* Row i of the result lands at dst + i*dst_stride (bytes). */
 int kd_index_get_vectors(struct kd_index *ix, const int64_t *ids, size_t n, void *dst,

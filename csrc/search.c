@@ -200,9 +200,25 @@ size_t kd_shortlist_size(const struct kd_index *ix, const struct kd_search_param
     double os = sp->oversample > 0 ? sp->oversample
                                    : kd_default_oversample(ix->p.quantization, ix->p.dim);
     double L = ceil((double)sp->k * os - 1e-9); /* k * (L / k) may land a hair above L */
+    if (sp->serves && ix->live > sp->serves)    /* to the nearest row, as Python's round() */
+        L = fmax(L, nearbyint(L * (double)ix->live / (double)sp->serves));
     if (L < (double)sp->k)
         L = (double)sp->k;
     return L > 1e7 ? 10000000 : (size_t)L;
+}
+
+size_t kd_beam_width(const struct kd_index *ix, const struct kd_search_params *sp)
+{
+    size_t ef = sp->ef ? sp->ef : KD_DEFAULT_EF;
+    if (sp->serves && ix->live > sp->serves) {
+        /* More vectors between a query and its neighbours: a wider beam,
+         * though by less than the shortlist (by the square root of the
+         * growth, measured to hold recall through a doubling). */
+        double wide = nearbyint((double)ef * sqrt((double)ix->live / (double)sp->serves));
+        if (wide > (double)ef)
+            ef = wide > 1e7 ? 10000000 : (size_t)wide;
+    }
+    return ef;
 }
 
 /* Graph search is worth it unless the filter leaves few vectors: compare code
@@ -223,7 +239,7 @@ static int prefer_exact(const struct kd_index *ix, const struct kd_filter *f, si
 int kd_search_prefers_exact(const struct kd_index *ix, const struct kd_search_params *sp,
                             const struct kd_filter *f)
 {
-    size_t L = kd_shortlist_size(ix, sp), ef = sp->ef ? sp->ef : KD_DEFAULT_EF;
+    size_t L = kd_shortlist_size(ix, sp), ef = kd_beam_width(ix, sp);
     return sp->exact || ix->graph.entry == KD_NONE || prefer_exact(ix, f, ef > L ? ef : L);
 }
 
@@ -457,7 +473,7 @@ static int query_graph(struct kd_index *ix, struct kd_search_ctx *c, const float
     if (err)
         return err;
     c->q = normalized_query(ix, q, c->qn);
-    size_t L = kd_shortlist_size(ix, sp), ef = sp->ef ? sp->ef : KD_DEFAULT_EF;
+    size_t L = kd_shortlist_size(ix, sp), ef = kd_beam_width(ix, sp);
     if (ef < k)
         ef = k;
     if (ef > ix->count && ix->count >= k) /* a beam never holds more nodes than there are */
@@ -749,6 +765,15 @@ void kd_filter_free(struct kd_filter *f)
     free(f->rows);
     f->allowed = NULL;
     f->rows = NULL;
+}
+
+void kd_index_search_widths(struct kd_index *ix, const struct kd_search_params *sp, size_t *ef,
+                            size_t *shortlist)
+{
+    pthread_rwlock_rdlock(&ix->lock);
+    *ef = kd_beam_width(ix, sp);
+    *shortlist = kd_shortlist_size(ix, sp);
+    pthread_rwlock_unlock(&ix->lock);
 }
 
 int kd_index_search(struct kd_index *ix, const float *q, size_t nq,

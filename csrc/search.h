@@ -118,8 +118,11 @@ int kd_query_end(struct kd_index *ix, struct kd_search_ctx *c, const struct kd_s
  * that use it. Free it with kd_filter_free, after a failure too. */
 int kd_filter_build(struct kd_index *ix, const struct kd_search_params *sp, struct kd_filter *f);
 void kd_filter_free(struct kd_filter *f);
-/* Rows the shortlist of a query with these parameters holds. */
+/* Rows the shortlist of a query with these parameters holds, and the beam
+ * width of its graph search (both widened for live vectors past sp->serves;
+ * call them under the index's lock). */
 size_t kd_shortlist_size(const struct kd_index *ix, const struct kd_search_params *sp);
+size_t kd_beam_width(const struct kd_index *ix, const struct kd_search_params *sp);
 /* 1 when queries with these parameters are better answered by brute force:
  * asked for, no graph, or a filter too selective for a beam. */
 int kd_search_prefers_exact(const struct kd_index *ix, const struct kd_search_params *sp,

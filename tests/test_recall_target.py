@@ -248,17 +248,56 @@ def test_small_collection_searches_exactly_for_a_target(tmp_path):
         assert recall_at_k(ids, truth) == 1.0
 
 
-def test_small_adds_keep_the_calibration_until_one_can_hold_queries_out():
-    base, _ = split(5000, 1, 16, seed=4202)
+def test_small_adds_measure_on_hidden_nodes_as_the_index_doubles():
+    base, queries = split(5000, 300, 16, seed=4202)
     index = kd.Index(16, "l2")
     for start in range(0, 3000, 60):   # too small to hold 50 queries out
         index.add(base[start:start + 60])
-    assert index.info()["calibration"] is None
-    with pytest.raises(ValueError, match="tune"):
-        index.search(base[:2], K, recall=0.9)
+        live = len(index)
+        cal = index.info()["calibration"]
+        # None below MIN_INDEX; from there a table on hidden nodes, measured
+        # again whenever the index has doubled since the last one.
+        if live < _calibration.MIN_INDEX:
+            assert cal is None
+        else:
+            assert cal["source"] == "hidden" and live / 2 < cal["count"] <= live
+    assert index.info()["calibration"]["count"] == 2040        # 1,020 doubled
+    _, truth = brute_force(base[:3000], queries, K, "l2")
+    assert recall_at_k(index.search(queries, K)[1], truth) >= 0.95
+    assert recall_at_k(index.search(queries, K, recall=0.9)[1], truth) >= 0.85
     index.add(base[3000:5000])        # 2,000 at once: 200 held out (1/25 of 5,000)
     cal = index.info()["calibration"]
+    assert cal["source"] == "build"
     assert cal["queries"] == 200 and cal["count"] == 4800 and len(index) == 5000
+
+
+def test_default_widens_for_adds_since_its_table():
+    """Adds short of doubling keep the table; the core widens the default's
+    shortlist by the growth and its beam by the root of it, under the
+    search's lock, and info() reports what a search uses."""
+    base, queries = split(24000, 300, 32, seed=4205)
+    index = kd.Index(32, "l2")
+    index.add(base[:12000], threads=2)
+    first = index.info()
+    table = first["calibration"]
+    for start in range(12000, 23000, 1000):
+        index.add(base[start:start + 1000], threads=2)
+    now = index.info()
+    assert now["calibration"]["count"] == table["count"]          # not re-measured
+    grown = len(index) / table["serves"]
+    length = round(first["default_oversample"] * K)
+    assert round(now["default_oversample"] * K) == max(length, round(length * grown))
+    assert now["default_ef"] == round(first["default_ef"] * grown ** 0.5)
+    _, truth = brute_force(base[:23000], queries, K, "l2")
+    D, I = index.search(queries, K)
+    D2, I2 = index.search(queries, K, ef=now["default_ef"],
+                          oversample=now["default_oversample"])
+    np.testing.assert_array_equal(I, I2)
+    assert recall_at_k(I, truth) >= 0.95
+    # recall= is an estimate, not widened: it stays where its table put it.
+    before = index.search(queries, K, recall=0.9)[1]
+    np.testing.assert_array_equal(before, index.search(
+        queries, K, **dict(zip(("ef", "oversample"), index._chosen(K, 0.9))))[1])
 
 
 def test_recalibrates_when_the_index_doubles():
@@ -355,14 +394,16 @@ def write(tmp_path, data):
 
 def test_collection_segments_carry_calibrations(tmp_path):
     """Flushed segments keep the buffer's calibration (held out while it
-    grew), small adds get one measured on hidden nodes at the flush, and a
-    merge's output gets one appended before the collection takes it."""
+    grew) when it serves all their vectors; small adds, or adds after the
+    table, get one measured on hidden nodes at the flush; a merge's output
+    gets one appended before the collection takes it."""
     from knndirect import _container
     base, queries = split(12000, 300, 32, seed=4205)
     _, truth = brute_force(base, queries, K, "l2")
     col = kd.Collection.create(tmp_path / "col", 32, "l2", memory_budget="1MiB",
                                merge_policy=None)
     col.add(base[:6000])                              # big adds: held out
+    col.commit()
     for start in range(6000, 12000, 40):              # small adds: nothing held out
         col.add(base[start:start + 40])
     col.commit()
@@ -373,6 +414,9 @@ def test_collection_segments_carry_calibrations(tmp_path):
     assert all(sources), segs
     kinds = {s.index.info()["calibration"]["source"] for s in col._segments}
     assert "build" in kinds and "hidden" in kinds
+    # Each table serves its whole segment (a collection does not widen for growth).
+    assert all(s.index._serves() >= s.count for s in col._segments), \
+        [(s.count, s.index.info()["calibration"]) for s in col._segments]
     _, ids = col.search(queries, K, recall=0.95)
     assert recall_at_k(ids, truth) >= 0.93
     col.merge(max_segments=1)

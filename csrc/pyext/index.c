@@ -305,15 +305,19 @@ PyObject *kd_py_search_finish(struct kd_py_search *s, int err)
 static PyObject *Index_search(KdIndexObject *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"queries", "k",       "ef",     "oversample", "rerank",
-                            "exact",   "threads", "filter", NULL};
+                            "exact",   "threads", "filter", "serves",     NULL};
     PyObject *qo, *fo = Py_None;
-    Py_ssize_t k, ef = 0;
+    Py_ssize_t k, ef = 0, serves = 0;
     double oversample = 0;
     int rerank = 1, exact = 0;
     unsigned int threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|ndppIO", names, &qo, &k, &ef, &oversample,
-                                     &rerank, &exact, &threads, &fo))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|ndppIO$n", names, &qo, &k, &ef, &oversample,
+                                     &rerank, &exact, &threads, &fo, &serves))
         return NULL;
+    if (serves < 0) {
+        PyErr_SetString(PyExc_ValueError, "serves must be >= 0");
+        return NULL;
+    }
     struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return NULL;
@@ -321,6 +325,7 @@ static PyObject *Index_search(KdIndexObject *self, PyObject *args, PyObject *kw)
     int err = 0;
     if (!kd_py_search_begin(&s, qo, fo, kd_index_dim(ix), k, ef, oversample, rerank, exact,
                             threads)) {
+        s.sp.serves = (size_t)serves;
         Py_BEGIN_ALLOW_THREADS err = kd_index_search(ix, s.qv.buf, s.nq, &s.sp,
                                                      PyArray_DATA((PyArrayObject *)s.dist),
                                                      PyArray_DATA((PyArrayObject *)s.ids));
@@ -328,6 +333,30 @@ static PyObject *Index_search(KdIndexObject *self, PyObject *args, PyObject *kw)
     }
     kd_py_leave(self);
     return kd_py_search_finish(&s, err);
+}
+
+static PyObject *Index_search_widths(KdIndexObject *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"k", "ef", "oversample", "serves", NULL};
+    Py_ssize_t k, ef = 0, serves = 0;
+    double oversample = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "n|nd$n", names, &k, &ef, &oversample, &serves))
+        return NULL;
+    if (k <= 0 || ef < 0 || serves < 0) {
+        PyErr_SetString(PyExc_ValueError, "k must be >= 1, ef and serves >= 0");
+        return NULL;
+    }
+    struct kd_index *ix = kd_py_enter(self);
+    if (!ix)
+        return NULL;
+    struct kd_search_params sp = {.k = (size_t)k,
+                                  .ef = (size_t)ef,
+                                  .oversample = oversample,
+                                  .serves = (size_t)serves};
+    size_t beam, shortlist;
+    kd_index_search_widths(ix, &sp, &beam, &shortlist);
+    kd_py_leave(self);
+    return Py_BuildValue("(nn)", (Py_ssize_t)beam, (Py_ssize_t)shortlist);
 }
 
 static PyObject *Index_get_vectors(KdIndexObject *self, PyObject *arg)
@@ -731,7 +760,11 @@ static PyMethodDef Index_methods[] = {
     {"remove", (PyCFunction)Index_remove, METH_O, "remove(ids)"},
     {"contains", (PyCFunction)Index_contains, METH_O, "contains(ids) -> bool array"},
     {"search", (PyCFunction)(void (*)(void))Index_search, METH_VARARGS | METH_KEYWORDS,
-     "search(queries, k, ef=0, oversample=0, rerank=True, exact=False, threads=0, filter=None)"},
+     "search(queries, k, ef=0, oversample=0, rerank=True, exact=False, threads=0, filter=None, *, "
+     "serves=0)"},
+    {"search_widths", (PyCFunction)(void (*)(void))Index_search_widths,
+     METH_VARARGS | METH_KEYWORDS,
+     "search_widths(k, ef=0, oversample=0, *, serves=0) -> (beam width, shortlist rows)"},
     {"get_vectors", (PyCFunction)Index_get_vectors, METH_O, "get_vectors(ids)"},
     {"save_path", (PyCFunction)Index_save_path, METH_O, "Atomic save to a path."},
     {"save_file", (PyCFunction)Index_save_file, METH_O, "Save through a binary file object."},

@@ -193,12 +193,14 @@ def _read_tune(path, dim):
 
 def _calibrate_new_segment(index, tune, threads):
     """A segment about to be written gets its table: on the queries of
-    tune() where one was made; else it keeps the one its adds measured, or
-    (adds too small to hold queries out, a merge's output) one measured on
-    hidden nodes."""
+    tune() where one was made; else it keeps the one its adds measured if
+    that serves all its vectors, or (adds since, adds too small to hold
+    queries out, a merge's output) one measured on hidden nodes. A
+    collection's search does not widen a segment's pick for growth since
+    its table, as Index.search does, so a segment's table must fit it."""
     if tune is not None and len(index) > tune[1]:
         index._calibrate(*tune, threads, "tune")
-    elif index._cal is None:
+    elif index._cal is None or len(index) > index._serves():
         index._calibrate_hidden(threads, "hidden")
 
 

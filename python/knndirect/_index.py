@@ -178,8 +178,7 @@ def _uncalibrated(recall, live, remedy="call tune(queries) once"):
         return None, None, False  # small, or from before calibrations
     if live < _calibration.MIN_INDEX:
         return None, None, True
-    raise ValueError("no recall calibration here (written by an older version, or grown by "
-                     f"adds too small to hold queries out): {remedy}")
+    raise ValueError(f"no recall calibration here (written by an older version): {remedy}")
 
 
 def _search_args(queries, dim, k, ef, oversample, rerank, exact, threads, filter):
@@ -317,6 +316,14 @@ class Index:
         self._calibrate(q, k, threads, source, truth_of=truth_of, hidden=ids, started=t0,
                         first=_calibration.QUERIES)
 
+    def _measure_if_grown(self, threads):
+        """After an add too small to hold queries out: once the index has
+        outgrown its table GROWTH times (or reached MIN_INDEX without one),
+        measure one on hidden nodes, so that the widening for growth
+        (_serves) never stretches past what was measured."""
+        if _calibration.due(self._cal, len(self._core)):
+            self._calibrate_hidden(threads, "hidden")
+
     def _holdout(self, n):
         """Positions of an add of n rows to hold out as calibration queries,
         or None when no table is due."""
@@ -339,9 +346,11 @@ class Index:
         which fell to 0.933-0.940 on 5 of 16 graphs). The default's
         shortlist is therefore widened by the count the table serves over
         the count it was measured at, to the nearest row (the rule a
-        collection applies across its segments). Both counts are the
-        table's, so a search's parameters never depend on adds running
-        beside it. A target given with recall= is an estimate to within
+        collection applies across its segments). Adds since the table widen
+        the shortlist and the beam further in the core (``_serves``), which
+        reads the live count under the search's lock: a search's parameters
+        always match the graph it searched, whatever adds run beside it. A target given
+        with recall= is an estimate to within
         +-TOLERANCE, not a bound, and stays unwidened (widened, the short
         lists of k=10 round up to overshoot by 0.015-0.04;
         benchmarks/calibration_seeds.py --n 2000)."""
@@ -352,20 +361,33 @@ class Index:
         if got is None:
             target = _calibration.DEFAULT_TARGET if recall is None else recall
             ef, oversample = _calibration.choose(self._cal, target, k, sure=recall is None)[:2]
-            grown = self._cal.get("serves", self._cal["count"]) / self._cal["count"]
+            grown = self._serves() / self._cal["count"]
             if recall is None and grown > 1:
                 length = math.ceil(k * oversample - 1e-9)
                 oversample = max(length, round(length * grown)) / k
             got = self._choices[key] = ef, oversample
         return got
 
+    def _serves(self):
+        """The count the default's beam and shortlist were chosen for: more
+        live vectors than this widen the shortlist in proportion and the
+        beam by the square root, in the core (measured at 20,000 x 64 and
+        128 grown by adds to 1.95 times: recall 0.895-0.948 unwidened,
+        0.922-0.948 with the shortlist alone widened, 0.959-0.974 with
+        both)."""
+        return self._cal.get("serves", self._cal["count"])
+
     def _search_params(self, k, ef, oversample, recall):
-        """(ef, oversample, exact) for a search: a recall target read from
-        the calibration; ef/oversample as given otherwise."""
+        """(ef, oversample, exact, serves) for a search: a recall target
+        read from the calibration; ef/oversample as given otherwise.
+        serves (0: none) widens the default's shortlist for growth since
+        its table."""
         if _recall_target(recall, ef, oversample) is None:
-            return ef, oversample, False
+            return ef, oversample, False, 0
         chosen = self._chosen(k, recall)
-        return (*chosen, False) if chosen else _uncalibrated(recall, len(self._core))
+        if not chosen:
+            return (*_uncalibrated(recall, len(self._core)), 0)
+        return (*chosen, False, self._serves() if recall is None else 0)
 
     # -- properties ---------------------------------------------------------
     @property
@@ -424,6 +446,7 @@ class Index:
         held = self._holdout(n)
         if report is None and n <= ADD_CHUNK and held is None:
             self._core.add(_float32(x), id_arr, nthreads)
+            self._measure_if_grown(nthreads)
             return
         # In chunks: check everything first, so that a bad row or id adds
         # nothing; convert chunk by chunk, so a memory-mapped input is never
@@ -465,6 +488,8 @@ class Index:
                 self._calibrate(x[held], _calibration.K, nthreads, "build",
                                 first=_calibration.QUERIES,
                                 serves=len(self._core) + held.shape[0])
+            elif held is None and done == n:
+                self._measure_if_grown(nthreads)
         finally:
             # Whatever happened, the index holds exactly the chunks done, held
             # rows included. A chunk is done when its rows are in: Ctrl-C can
@@ -538,11 +563,12 @@ class Index:
             Ids, best first. Missing results are I = -1 with D = +inf (l2) or
             -inf (ip, cosine).
         """
+        serves = 0
         if not exact:
-            ef, oversample, exact = self._search_params(k, ef, oversample, recall)
+            ef, oversample, exact, serves = self._search_params(k, ef, oversample, recall)
         single, q, args = _search_args(queries, self._dim, k, ef, oversample, rerank, exact,
                                        _default(threads, self._threads), filter)
-        D, I = self._core.search(q, *args)
+        D, I = self._core.search(q, *args, serves=serves)
         if single:
             return D[0], I[0]
         return D, I
@@ -555,7 +581,9 @@ class Index:
         beam widths and shortlist lengths. The table replaces the stored
         one; ``save`` keeps it in the file (an index from ``open`` keeps it
         in memory until closed). Adds that double the index measure it again
-        on held-out vectors of the data.
+        (on held-out vectors of the data, or on hidden nodes for adds too
+        small to hold any out); short of that, the default search widens
+        its beam and shortlist for the growth.
 
         Parameters
         ----------
@@ -664,7 +692,10 @@ class Index:
             info["calibration"] = _calibration.curve(self._cal)
             if self._cal_seconds is not None:
                 info["calibration"]["seconds"] = self._cal_seconds
-            info["default_ef"], info["default_oversample"] = self._chosen(self._cal["k"], None)
+            k = self._cal["k"]
+            ef, length = self._core.search_widths(k, *self._chosen(k, None),
+                                                  serves=self._serves())
+            info["default_ef"], info["default_oversample"] = ef, length / k
         return info
 
     def stats(self, reset=False) -> dict:
