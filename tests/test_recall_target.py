@@ -300,6 +300,23 @@ def test_default_widens_for_adds_since_its_table():
         queries, K, **dict(zip(("ef", "oversample"), index._chosen(K, 0.9))))[1])
 
 
+def test_collection_widens_its_buffer_for_adds_since_its_table(tmp_path):
+    base, queries = split(24000, 300, 32, seed=4205)
+    col = kd.Collection.create(tmp_path / "col", 32, "l2", memory_budget="64MiB",
+                               merge_policy=None)
+    col.add(base[:12000], threads=2)
+    for start in range(12000, 23000, 1000):
+        col.add(base[start:start + 1000], threads=2)
+    buf = col._buffer
+    assert len(buf) == 23000 and buf.info()["calibration"]["count"] < 12000
+    assert buf._widened(K, None) == (buf.info()["default_ef"], buf.info()["default_oversample"])
+    assert buf._widened(K, None)[1] > buf._chosen(K, None)[1]
+    _, truth = brute_force(base[:23000], queries, K, "l2")
+    assert recall_at_k(col.search(queries, K)[1], truth) >= 0.95     # 0.914 unwidened
+    col.rollback()
+    col.close()
+
+
 def test_recalibrates_when_the_index_doubles():
     base, _ = split(9000, 1, 16, seed=4203)
     index = kd.Index(16, "l2")

@@ -1095,14 +1095,16 @@ class Collection:
         its own: one shortlist is chosen across all segments, and the more
         vectors compete for it, the more rows keep the same true neighbours
         (a bound that errs towards recall: 4 equal segments read 4 times
-        one's shortlist; merging makes it cheaper). Where none carries one,
+        one's shortlist; merging makes it cheaper). The default's picks are
+        first widened for adds since each table, as Index.search widens
+        them (the write buffer's). Where none carries one,
         a collection under 1,000 vectors is searched exactly and a larger
         one raises ValueError."""
         if not exact and _recall_target(recall, ef, oversample) is not None:
             with self._state:
                 self._check_open()
                 picks = [(len(ix), c) for ix in self._indexes()
-                         if (c := ix._chosen(k, recall))]
+                         if (c := ix._widened(k, recall))]
                 live = len(self)
             if picks:
                 size, (_, big_oversample) = max(picks, key=lambda p: p[0])

@@ -377,6 +377,16 @@ class Index:
         both)."""
         return self._cal.get("serves", self._cal["count"])
 
+    def _widened(self, k, recall):
+        """(ef, oversample) that a search for recall uses at this moment:
+        the default's widened for adds since its table (the core's rule),
+        a recall= target's as chosen; None without a table."""
+        chosen = self._chosen(k, recall)
+        if chosen is None or recall is not None:
+            return chosen
+        ef, length = self._core.search_widths(k, *chosen, serves=self._serves())
+        return ef, length / k
+
     def _search_params(self, k, ef, oversample, recall):
         """(ef, oversample, exact, serves) for a search: a recall target
         read from the calibration; ef/oversample as given otherwise.
@@ -692,10 +702,7 @@ class Index:
             info["calibration"] = _calibration.curve(self._cal)
             if self._cal_seconds is not None:
                 info["calibration"]["seconds"] = self._cal_seconds
-            k = self._cal["k"]
-            ef, length = self._core.search_widths(k, *self._chosen(k, None),
-                                                  serves=self._serves())
-            info["default_ef"], info["default_oversample"] = ef, length / k
+            info["default_ef"], info["default_oversample"] = self._widened(self._cal["k"], None)
         return info
 
     def stats(self, reset=False) -> dict:
