@@ -482,18 +482,26 @@ def test_queries_unlike_the_data_are_calibrated_by_tune():
 
 
 def test_default_keeps_to_the_coarse_columns():
-    """recall= may take a shortlist of 1.25, 1.75 or 2.5 x k; the default,
-    whose one-sided bound loses little to a coarse grid, does not."""
+    """recall= may take a shortlist of 1.1, 1.2, 1.25, 1.4, 1.75 or 2.5 x k;
+    the default, whose one-sided bound loses little to a coarse grid, does
+    not."""
     cal = {"k": K, "ef": [10, 14], "shortlist": [10, 13, 15, 18, 20, 25, 30],
            "recall": [[0.80, 0.85, 0.88, 0.93, 0.96, 0.975, 0.985],
                       [0.80, 0.86, 0.90, 0.95, 0.97, 0.98, 0.99]],
            "stderr": [[0.0] * 7, [0.0] * 7], "scored": [100.0, 140.0]}
-    assert _calibration._target_only(K) == {13, 18, 25}
+    assert _calibration._target_only(K) == {11, 12, 13, 14, 18, 25}
     # The first beam reaches it: ef is that beam's, not one more.
     assert _calibration.choose(cal, 0.92, K) == (10, 1.8, 0.93)
     assert _calibration.choose(cal, 0.92, K, sure=True) == (10, 2.0, 0.96)
     assert _calibration.choose(cal, 0.975, K) == (10, 2.5, 0.975)
     assert _calibration.choose(cal, 0.975, K, sure=True) == (10, 3.0, 0.985)
+    # A small ip index's beam is at k already, and recall climbs 0.02-0.04 a
+    # row here: 13 rows fall short of 0.90, 15 overshoot by 0.0375, 14 land.
+    cal = {"k": K, "ef": [10], "shortlist": [10, 13, 14, 15, 18, 20],
+           "recall": [[0.797, 0.8995, 0.917, 0.9375, 0.9695, 0.9785]],
+           "stderr": [[0.0] * 6], "scored": [100.0]}
+    assert _calibration.choose(cal, 0.90, K) == (10, 1.4, 0.917)
+    assert _calibration.choose(cal, 0.90, K, sure=True) == (10, 1.5, 0.9375)
 
 
 @pytest.fixture(scope="module")

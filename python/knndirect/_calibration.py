@@ -60,19 +60,22 @@ SURE_Z = 1.645
 # at the widest beam), the ladder is measured again with lengths twice as
 # long, up to LONGEST x the default (1-bit codes over many similar vectors
 # need deep shortlists: 1M x 256 clustered went on gaining past 16 x k).
-# 1.25, 1.75 and 2.5 x k are recall='s alone: recall climbs fastest with
-# the length below 3 x k (0.87 to 0.92 from 1.5 to 2 x k on easy data), and
-# a target must not have to take the next column up, beyond its
-# +-TOLERANCE. Small indexes need 2.5 most: their beam cannot narrow below
-# k, so only the length is left to choose (2,000 and 5,000 x 64, 16 graphs:
-# l2 targets outside +-0.02 6/48 and 11/48 without it, 1/48 and 0/48 with
-# it; benchmarks/calibration_seeds.py --n). The default keeps to the coarse
+# 1.1, 1.2, 1.25, 1.4, 1.75 and 2.5 x k are recall='s alone: recall climbs
+# fastest with the length below 3 x k (0.87 to 0.92 from 1.5 to 2 x k on
+# easy data), and a target must not have to take the next column up,
+# beyond its +-TOLERANCE. Small indexes need them most: their beam cannot
+# narrow below k, so only the length is left to choose (2,000 and 5,000 x
+# 64, 16 graphs: l2 targets outside +-0.02 6/48 and 11/48 without 2.5, 1/48
+# and 0/48 with it; on ip at 2,000 the 0.90 target gains 0.02-0.04 a row
+# from 10 to 15 rows, and 9/48 fell outside until 1.1, 1.2 and 1.4 came,
+# 3/48 after; benchmarks/calibration_seeds.py --n). The default keeps to the coarse
 # columns: its one-sided bound loses little to a coarse grid, and each more
 # column is one more chance to pick an estimate that erred high (with them,
 # defaults on refined codes came out down to 0.947;
 # benchmarks/calibration_seeds.py).
-LENGTH_STEPS = (1, 1.25, 1.5, 1.75, 2, 2.5, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192)
-TARGET_ONLY_STEPS = (1.25, 1.75, 2.5)
+LENGTH_STEPS = (1, 1.1, 1.2, 1.25, 1.4, 1.5, 1.75, 2, 2.5, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64,
+                96, 128, 192)
+TARGET_ONLY_STEPS = (1.1, 1.2, 1.25, 1.4, 1.75, 2.5)
 MAX_OVERSAMPLE = 2.0
 LONGEST = 16.0
 # ef ladder: from k up by sqrt(2), until recall stops rising or this cap.
