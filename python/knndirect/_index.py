@@ -349,11 +349,11 @@ class Index:
         collection applies across its segments). Adds since the table widen
         the shortlist and the beam further in the core (``_serves``), which
         reads the live count under the search's lock: a search's parameters
-        always match the graph it searched, whatever adds run beside it. A target given
-        with recall= is an estimate to within
-        +-TOLERANCE, not a bound, and stays unwidened (widened, the short
-        lists of k=10 round up to overshoot by 0.015-0.04;
-        benchmarks/calibration_seeds.py --n 2000)."""
+        always match the graph it searched, whatever adds run beside it. A
+        target given with recall= is an estimate to within +-TOLERANCE, not
+        a bound, and stays unwidened (widened, the short lists of k=10 round
+        up to overshoot by 0.015-0.04; benchmarks/calibration_seeds.py --n
+        2000)."""
         if self._cal is None:
             return None
         key = (recall, k)
@@ -371,10 +371,10 @@ class Index:
     def _serves(self):
         """The count the default's beam and shortlist were chosen for: more
         live vectors than this widen the shortlist in proportion and the
-        beam by the square root, in the core (measured at 20,000 x 64 and
-        128 grown by adds to 1.95 times: recall 0.895-0.948 unwidened,
-        0.922-0.948 with the shortlist alone widened, 0.959-0.974 with
-        both)."""
+        beam by the square root, in the core. Grown from 10,526 to 20,000 x
+        64 by adds, the lowest recall of 8 graphs a metric was 0.892-0.921
+        unwidened and 0.952-0.970 widened (benchmarks/calibration_seeds.py
+        --grow 1.9); the shortlist alone gave 0.922-0.948 at 1.95 times."""
         return self._cal.get("serves", self._cal["count"])
 
     def _widened(self, k, recall):
@@ -390,8 +390,8 @@ class Index:
     def _search_params(self, k, ef, oversample, recall):
         """(ef, oversample, exact, serves) for a search: a recall target
         read from the calibration; ef/oversample as given otherwise.
-        serves (0: none) widens the default's shortlist for growth since
-        its table."""
+        serves (0: none) widens the default's beam and shortlist for
+        growth since its table."""
         if _recall_target(recall, ef, oversample) is None:
             return ef, oversample, False, 0
         chosen = self._chosen(k, recall)
