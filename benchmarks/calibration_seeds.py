@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from conftest import brute_force, clustered, recall_at_k  # noqa: E402
 
 TARGETS = (0.90, 0.95, 0.98)
+DIM = 64
 
 
 def main():
@@ -51,47 +52,34 @@ def main():
         return grown(args)
     if args.steps:
         _calibration.LENGTH_STEPS = tuple(float(s) for s in args.steps.split(","))
-    n, d = args.n, 64
-    base = clustered(n + 1000, d, 4200)[:n]  # at 20,000: the base of tests/test_recall_target.py
-    fresh = clustered(n + 4000, d, 4200)[n:]
+    base, fresh = _data(args.n)
     print(f"{args.quantization}; shortlist steps: {_calibration.LENGTH_STEPS}")
-    print("| metric | max abs error | mean error | outside +-0.02 | default min | default mean "
-          "| default < 0.95 |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for metric in args.metrics.split(","):
-        _, truth = brute_force(base, fresh, 10, metric)
+    _header("metric", "max abs error", "mean error", "outside +-0.02", "default min",
+            "default mean", "default < 0.95")
+    for metric, truth, graphs in _per_metric(args, base, fresh):
         errs, defaults = [], []
-        for seed in range(args.seeds):
-            index = kd.Index(d, metric, seed=seed, quantization=args.quantization)
+        for index in graphs:
             index.add(base, threads=1)
             for t in TARGETS:
                 errs.append(recall_at_k(index.search(fresh, 10, recall=t)[1], truth) - t)
             defaults.append(recall_at_k(index.search(fresh, 10)[1], truth))
-            index.close()
         e = np.array(errs)
         print(f"| {metric} | {np.abs(e).max():.4f} | {e.mean():+.4f} | "
-              f"{int((np.abs(e) > 0.02).sum())}/{e.size} | {min(defaults):.4f} | "
-              f"{np.mean(defaults):.4f} | {sum(r < 0.95 for r in defaults)}/{len(defaults)} |",
-              flush=True)
+              f"{int((np.abs(e) > 0.02).sum())}/{e.size} | {_spread(defaults)} |", flush=True)
 
 
 def grown(args):
-    n, d = args.n, 64
-    base = clustered(n + 1000, d, 4200)[:n]
-    fresh = clustered(n + 4000, d, 4200)[n:]
-    first = int(n / args.grow)
-    print(f"{args.quantization}; built on {first}, grown by adds of 1,000 to {n}")
-    print("| metric | default min | default mean | default < 0.95 | unwidened min "
-          "| unwidened mean | unwidened < 0.95 | ef, oversample (mean) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-    for metric in args.metrics.split(","):
-        _, truth = brute_force(base, fresh, 10, metric)
+    base, fresh = _data(args.n)
+    first = int(args.n / args.grow)
+    print(f"{args.quantization}; built on {first}, grown by adds of 1,000 to {args.n}")
+    _header("metric", "default min", "default mean", "default < 0.95", "unwidened min",
+            "unwidened mean", "unwidened < 0.95", "ef, oversample (mean)")
+    for metric, truth, graphs in _per_metric(args, base, fresh):
         widened, unwidened, picks = [], [], []
-        for seed in range(args.seeds):
-            index = kd.Index(d, metric, seed=seed, quantization=args.quantization)
+        for index in graphs:
             index.add(base[:first], threads=1)
             at_build = index.info()
-            for start in range(first, n, 1000):
+            for start in range(first, args.n, 1000):
                 index.add(base[start:start + 1000], threads=1)
             now = index.info()
             assert now["calibration"]["count"] == at_build["calibration"]["count"], \
@@ -102,12 +90,37 @@ def grown(args):
                 oversample=at_build["default_oversample"])[1], truth))
             picks.append((at_build["default_ef"], at_build["default_oversample"],
                           now["default_ef"], now["default_oversample"]))
-            index.close()
         p = np.mean(picks, axis=0)
-        print(f"| {metric} | {min(widened):.4f} | {np.mean(widened):.4f} | "
-              f"{sum(r < 0.95 for r in widened)}/{len(widened)} | {min(unwidened):.4f} | "
-              f"{np.mean(unwidened):.4f} | {sum(r < 0.95 for r in unwidened)}/{len(unwidened)} | "
+        print(f"| {metric} | {_spread(widened)} | {_spread(unwidened)} | "
               f"{p[0]:.1f}, {p[1]:.2f} -> {p[2]:.1f}, {p[3]:.2f} |", flush=True)
+
+
+def _data(n, d=DIM):
+    base = clustered(n + 1000, d, 4200)[:n]  # at 20,000: the base of tests/test_recall_target.py
+    fresh = clustered(n + 4000, d, 4200)[n:]
+    return base, fresh
+
+
+def _per_metric(args, base, fresh):
+    """(metric, true neighbours of fresh, the seeds' empty indexes) per metric."""
+    def graphs(metric):
+        for seed in range(args.seeds):
+            index = kd.Index(base.shape[1], metric, seed=seed, quantization=args.quantization)
+            yield index
+            index.close()
+    for metric in args.metrics.split(","):
+        yield metric, brute_force(base, fresh, 10, metric)[1], graphs(metric)
+
+
+def _header(*columns):
+    print("| " + " | ".join(columns) + " |")
+    print("| --- |" + " ---: |" * (len(columns) - 1))
+
+
+def _spread(recalls):
+    """The lowest, the mean, and how many fell below 0.95: three cells."""
+    return (f"{min(recalls):.4f} | {np.mean(recalls):.4f} | "
+            f"{sum(r < 0.95 for r in recalls)}/{len(recalls)}")
 
 
 if __name__ == "__main__":
