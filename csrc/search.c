@@ -195,13 +195,19 @@ static void score_read(struct kd_index *ix, struct kd_search_ctx *c, size_t k)
 
 /* ---- search */
 
+/* Live vectors over the count sp's picks were chosen for (1: not grown, or
+ * no count given). */
+static double growth(const struct kd_index *ix, const struct kd_search_params *sp)
+{
+    return sp->serves && ix->live > sp->serves ? (double)ix->live / (double)sp->serves : 1.0;
+}
+
 size_t kd_shortlist_size(const struct kd_index *ix, const struct kd_search_params *sp)
 {
     double os = sp->oversample > 0 ? sp->oversample
                                    : kd_default_oversample(ix->p.quantization, ix->p.dim);
     double L = ceil((double)sp->k * os - 1e-9); /* k * (L / k) may land a hair above L */
-    if (sp->serves && ix->live > sp->serves)    /* to the nearest row, as Python's round() */
-        L = fmax(L, nearbyint(L * (double)ix->live / (double)sp->serves));
+    L = fmax(L, nearbyint(L * growth(ix, sp))); /* to the nearest row, as Python's round() */
     if (L < (double)sp->k)
         L = (double)sp->k;
     return L > 1e7 ? 10000000 : (size_t)L;
@@ -210,14 +216,12 @@ size_t kd_shortlist_size(const struct kd_index *ix, const struct kd_search_param
 size_t kd_beam_width(const struct kd_index *ix, const struct kd_search_params *sp)
 {
     size_t ef = sp->ef ? sp->ef : KD_DEFAULT_EF;
-    if (sp->serves && ix->live > sp->serves) {
-        /* More vectors between a query and its neighbours: a wider beam,
-         * though by less than the shortlist (by the square root of the
-         * growth, measured to hold recall through a doubling). */
-        double wide = nearbyint((double)ef * sqrt((double)ix->live / (double)sp->serves));
-        if (wide > (double)ef)
-            ef = wide > 1e7 ? 10000000 : (size_t)wide;
-    }
+    /* More vectors between a query and its neighbours: a wider beam, though
+     * by less than the shortlist (by the square root of the growth,
+     * measured to hold recall through a doubling). */
+    double wide = nearbyint((double)ef * sqrt(growth(ix, sp)));
+    if (wide > (double)ef)
+        ef = wide > 1e7 ? 10000000 : (size_t)wide;
     return ef;
 }
 

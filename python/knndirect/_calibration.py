@@ -331,8 +331,9 @@ def curve(cal):
 
 
 def due(cal, count):
-    """Whether an index of count vectors should measure its table again."""
-    return cal is None or count >= GROWTH * cal["count"]
+    """Whether an index of count vectors should measure a table: it is
+    large enough for one, and has none or has outgrown its own GROWTH times."""
+    return count >= MIN_INDEX and (cal is None or count >= GROWTH * cal["count"])
 
 
 def holdout(n, count_after, seed):

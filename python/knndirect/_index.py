@@ -328,7 +328,7 @@ class Index:
         """Positions of an add of n rows to hold out as calibration queries,
         or None when no table is due."""
         before = len(self._core)
-        if before + n < _calibration.MIN_INDEX or not _calibration.due(self._cal, before + n):
+        if not _calibration.due(self._cal, before + n):
             return None
         held = _calibration.holdout(n, before + n, self._seed)
         if held is None or before + n - held.shape[0] < _calibration.MIN_INDEX // 2:

@@ -86,6 +86,11 @@ def _batch_rows(table, column, id_column, dim):
     return x, ids
 
 
+def _cpus_per_shard(num_shards):
+    """CPUs for each of num_shards tasks running at once (at least 1)."""
+    return max(1, int(ray.cluster_resources().get("CPU", 1)) // num_shards)
+
+
 def _build_shard(part, shard_path, quantizer_path, dim, metric, params, column, id_column,
                  first_id, memory_budget, threads, batch_rows):
     """One Ray task: the shard's rows into a new collection, merged to one
@@ -225,7 +230,7 @@ def _build_shards(dataset, path, n, dim, metric, params, column, id_column, num_
                   progress):
     bounds = [n * i // num_shards for i in range(num_shards + 1)]
     parts = dataset.split_at_indices(bounds[1:-1]) if num_shards > 1 else [dataset]
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // num_shards)
+    cpus = _cpus_per_shard(num_shards)
     batch_rows = int(max(1, min(65536, budget // (8 * dim))))
     task = ray.remote(_build_shard).options(num_cpus=cpus, max_retries=0)
     refs = {}
@@ -554,7 +559,7 @@ class ShardedIndex:
         self._check_open()
         q, k = _tune_args(queries, self._dim, k)
         nshards = len(self._actors)
-        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // nshards)
+        cpus = _cpus_per_shard(nshards)
         options = {key: self._open_options[key] for key in ("io_backend", "direct_io")
                    if key in self._open_options}
         task = ray.remote(_tune_shard).options(num_cpus=cpus, max_retries=0)
