@@ -288,6 +288,8 @@ def test_tune_calibrates_every_shard_on_unlike_queries(cluster, tmp_path):
     path = str(tmp_path / "tuned")
     kdr.build(ray.data.from_numpy(base), path, column="data", num_shards=2)
     with kdr.open(path, replicas=2) as index:
+        assert index.info()["tune"] is None
+        assert [s["tune"] for s in index.shards()] == [None, None]
         before = kd.datasets.recall_at_k(index.search(rest, K)[1], rest_truth, K)
         with pytest.raises(ValueError, match="at least 50 queries"):
             index.tune(held[:10])
@@ -296,6 +298,10 @@ def test_tune_calibrates_every_shard_on_unlike_queries(cluster, tmp_path):
         out = index.tune(held, K)
         assert [s["name"] for s in out] == ["shard-0000", "shard-0001"]
         assert all(seg["calibration"] == "tune" for s in out for seg in s["segments"])
+        assert index.info()["tune"] == {"queries": 300, "k": K}
+        assert [s["bytes"] for s in index.shards()] == [
+            sum(os.path.getsize(os.path.join(path, s["name"], seg["name"]))
+                for seg in s["segments"]) for s in out]
         after = kd.datasets.recall_at_k(index.search(rest, K)[1], rest_truth, K)
         assert before < 0.93 and after >= 0.95, (before, after)
         # Every replica serves the tuned tables: the same answers as each
@@ -315,6 +321,10 @@ def test_tune_calibrates_every_shard_on_unlike_queries(cluster, tmp_path):
             with pytest.raises(kdr.ShardError, match="shard-0001.*already open for writing") as e:
                 index.tune(rest[:100], K)
         assert e.value.shards == ["shard-0001"]
+        assert index.info()["tune"] is None            # the shards now differ
+        assert [s["tune"]["queries"] for s in index.shards()] == [100, 300]
+        with kdr.open(path, replicas=2) as again:      # the manifest carries them
+            assert again.shards() == index.shards()
         with kd.Collection.open(os.path.join(path, "shard-0000")) as c0, \
                 kd.Collection.open(os.path.join(path, "shard-0001")) as c1:
             assert c0.info()["tune"]["queries"] == 100 and c1.info()["tune"]["queries"] == 300

@@ -573,6 +573,8 @@ class ShardedIndex:
                 done.append({"name": name, "segments": ray.get(ref)})
             except Exception as e:             # the task's error, re-raised by ray.get
                 failed[name] = e
+        if done:
+            self._record_tune(done, {"queries": int(q.shape[0]), "k": k})
         for ref in [a.refresh.remote() for group in self._actors for a in group]:
             try:
                 ray.get(ref)
@@ -586,23 +588,44 @@ class ShardedIndex:
                              "and committed", list(failed)) from first
         return done
 
+    def _record_tune(self, done, tune):
+        """The tuned shards' tune and segment bytes into the manifest, so
+        info() and shards() here and in later opens report them."""
+        doc = {**self._doc, "shards": [dict(s) for s in self._doc["shards"]]}
+        by_name = {s["name"]: s for s in doc["shards"]}
+        for d in done:
+            entry = by_name[d["name"]]
+            entry["tune"] = dict(tune)
+            entry["bytes"] = int(sum(seg["bytes"] for seg in d["segments"]))
+        _write_durable(os.path.join(self._path, MANIFEST), _encode_manifest(doc))
+        _fsync_dir(self._path)
+        with self._lock:
+            self._doc = doc
+
     def info(self):
         """The manifest's facts (dim, metric, count, params), shards,
-        replicas, queries, retried (searches retried after an actor died),
-        and missing_shards: the shards that did not answer the last query."""
+        replicas, tune ({"queries", "k"} when every shard carries that
+        tune, else None; shards() has each shard's), queries, retried
+        (searches retried after an actor died), and missing_shards: the
+        shards that did not answer the last query."""
         with self._lock:
+            tunes = [s.get("tune") for s in self._doc["shards"]]
             return {"path": self._path, "dim": self._dim, "metric": self._metric,
                     "count": len(self), "shards": len(self._actors),
                     "replicas": self._replicas, "params": dict(self._doc["params"]),
-                    "quantizer": self._doc["quantizer"], "queries": self._queries,
-                    "retried": self._retried, "missing_shards": list(self._missing),
-                    "closed": self._closed}
+                    "quantizer": self._doc["quantizer"],
+                    "tune": tunes[0] if all(t == tunes[0] for t in tunes) else None,
+                    "queries": self._queries, "retried": self._retried,
+                    "missing_shards": list(self._missing), "closed": self._closed}
 
     def shards(self):
-        """One dict per shard: name, path, count, bytes, replicas."""
-        return [{"name": s["name"], "path": os.path.join(self._path, s["name"]),
-                 "count": s["count"], "bytes": s["bytes"], "replicas": self._replicas}
-                for s in self._doc["shards"]]
+        """One dict per shard: name, path, count, bytes (its segment
+        files), replicas, tune ({"queries", "k"} of its last tune, or
+        None)."""
+        with self._lock:
+            return [{"name": s["name"], "path": os.path.join(self._path, s["name"]),
+                     "count": s["count"], "bytes": s["bytes"], "replicas": self._replicas,
+                     "tune": s.get("tune")} for s in self._doc["shards"]]
 
     def actors(self):
         """The Ray actor handles: one list per shard, one handle per replica."""
