@@ -3,15 +3,22 @@ seeds, on the test suite's clustered set (20,000 x 64, one-thread
 builds), measured on 4,000 fresh queries of the same distribution.
 
     python benchmarks/calibration_seeds.py [--seeds 8] [--steps 1,1.5,2,3,...]
-        [--quantization 1bit+4bit] [--n 2000] [--grow 1.9]
+        [--quantization 1bit+4bit] [--n 2000] [--dim 64] [--grow 1.9]
+        [--unstretched]
 
 --n takes the first n vectors of the same distribution instead (small
-indexes: their table is measured on n less the held-out queries).
+indexes: their table is measured on n less the held-out queries); --dim
+another dimension.
 
 --grow G builds each graph on the first n / G vectors and adds the rest
 in adds of 1,000 (G below 2, so the table is not measured again), then
 prints the default's recall as searched (widened for the growth in the
-core) and with the table's own pick at build (unwidened).
+core) and with the table's own pick at build (unwidened), and how far
+recall= lands from its targets.
+
+recall= targets are read from the table stretched for the vectors added
+since it was measured (the held-out queries, then adds);
+--unstretched reads them from the table as measured, for an A/B.
 
 --steps replaces the table's shortlist lengths (multiples of k) for an A/B
 of the ladder; the default is the library's own. For each metric it prints
@@ -43,16 +50,22 @@ def main():
     ap.add_argument("--metrics", default="l2,ip,cosine")
     ap.add_argument("--quantization", default="1bit")
     ap.add_argument("--n", type=int, default=20000, help="vectors (the tests' set: 20000)")
+    ap.add_argument("--dim", type=int, default=DIM, help="dimension (the tests' set: 64)")
     ap.add_argument("--grow", type=float, default=None,
                     help="build on n/G, add the rest by 1,000 (1 < G < 2)")
+    ap.add_argument("--unstretched", action="store_true",
+                    help="recall= picks from the table as measured (no growth since)")
     args = ap.parse_args()
+    if args.unstretched:
+        _calibration.choose_grown = lambda cal, target, k, growth: _calibration.choose(
+            cal, target, k)
     if args.grow is not None and not 1 < args.grow < 2:
         ap.error("--grow must lie between 1 and 2 (at 2 the table is measured again)")
     if args.grow:
         return grown(args)
     if args.steps:
         _calibration.LENGTH_STEPS = tuple(float(s) for s in args.steps.split(","))
-    base, fresh = _data(args.n)
+    base, fresh = _data(args.n, args.dim)
     print(f"{args.quantization}; shortlist steps: {_calibration.LENGTH_STEPS}")
     _header("metric", "max abs error", "mean error", "outside +-0.02", "default min",
             "default mean", "default < 0.95")
@@ -60,22 +73,30 @@ def main():
         errs, defaults = [], []
         for index in graphs:
             index.add(base, threads=1)
-            for t in TARGETS:
-                errs.append(recall_at_k(index.search(fresh, 10, recall=t)[1], truth) - t)
+            errs += _target_errors(index, fresh, truth)
             defaults.append(recall_at_k(index.search(fresh, 10)[1], truth))
-        e = np.array(errs)
-        print(f"| {metric} | {np.abs(e).max():.4f} | {e.mean():+.4f} | "
-              f"{int((np.abs(e) > 0.02).sum())}/{e.size} | {_spread(defaults)} |", flush=True)
+        print(f"| {metric} | {_errors(errs)} | {_spread(defaults)} |", flush=True)
+
+
+def _target_errors(index, fresh, truth):
+    return [recall_at_k(index.search(fresh, 10, recall=t)[1], truth) - t for t in TARGETS]
+
+
+def _errors(errs):
+    """The largest |error|, the mean, how many fell outside +-0.02: three cells."""
+    e = np.array(errs)
+    return f"{np.abs(e).max():.4f} | {e.mean():+.4f} | {int((np.abs(e) > 0.02).sum())}/{e.size}"
 
 
 def grown(args):
-    base, fresh = _data(args.n)
+    base, fresh = _data(args.n, args.dim)
     first = int(args.n / args.grow)
     print(f"{args.quantization}; built on {first}, grown by adds of 1,000 to {args.n}")
     _header("metric", "default min", "default mean", "default < 0.95", "unwidened min",
-            "unwidened mean", "unwidened < 0.95", "ef, oversample (mean)")
+            "unwidened mean", "unwidened < 0.95", "ef, oversample (mean)",
+            "recall= max abs error", "mean error", "outside +-0.02")
     for metric, truth, graphs in _per_metric(args, base, fresh):
-        widened, unwidened, picks = [], [], []
+        widened, unwidened, picks, errs = [], [], [], []
         for index in graphs:
             index.add(base[:first], threads=1)
             at_build = index.info()
@@ -90,9 +111,11 @@ def grown(args):
                 oversample=at_build["default_oversample"])[1], truth))
             picks.append((at_build["default_ef"], at_build["default_oversample"],
                           now["default_ef"], now["default_oversample"]))
+            errs += _target_errors(index, fresh, truth)
         p = np.mean(picks, axis=0)
         print(f"| {metric} | {_spread(widened)} | {_spread(unwidened)} | "
-              f"{p[0]:.1f}, {p[1]:.2f} -> {p[2]:.1f}, {p[3]:.2f} |", flush=True)
+              f"{p[0]:.1f}, {p[1]:.2f} -> {p[2]:.1f}, {p[3]:.2f} | {_errors(errs)} |",
+              flush=True)
 
 
 def _data(n, d=DIM):

@@ -4,6 +4,7 @@ the add, stored in the index file; tune() measures it again on the user's
 queries. Recalls are checked against numpy brute force on queries that
 were never added."""
 import io
+import math
 
 import numpy as np
 import pytest
@@ -294,10 +295,17 @@ def test_default_widens_for_adds_since_its_table():
                           oversample=now["default_oversample"])
     np.testing.assert_array_equal(I, I2)
     assert recall_at_k(I, truth) >= 0.95
-    # recall= is an estimate, not widened: it stays where its table put it.
-    before = index.search(queries, K, recall=0.9)[1]
-    np.testing.assert_array_equal(before, index.search(
-        queries, K, **dict(zip(("ef", "oversample"), index._chosen(K, 0.9))))[1])
+    # recall= reads the table stretched for the growth, and lands on target.
+    growth = math.ceil(1000 * len(index) / table["count"]) / 1000
+    for target in (0.9, 0.95):
+        ef, oversample, _ = _calibration.choose_grown(index._cal, target, K, growth)
+        assert index._chosen(K, target) == (ef, oversample)
+        shown = index.info()["calibration"]["targets"][target]
+        assert (shown["ef"], shown["oversample"]) == (ef, oversample)
+        _, ids = index.search(queries, K, recall=target)
+        np.testing.assert_array_equal(ids, index.search(queries, K, ef=ef,
+                                                        oversample=oversample)[1])
+        assert abs(recall_at_k(ids, truth) - target) <= 0.02, target
 
 
 def test_collection_widens_its_buffer_for_adds_since_its_table(tmp_path):
@@ -482,14 +490,14 @@ def test_queries_unlike_the_data_are_calibrated_by_tune():
 
 
 def test_default_keeps_to_the_coarse_columns():
-    """recall= may take a shortlist of 1.1, 1.2, 1.25, 1.4, 1.75 or 2.5 x k;
-    the default, whose one-sided bound loses little to a coarse grid, does
+    """recall= may take a shortlist of 1.1 to 1.9 x k, 2.25 or 2.5 x k; the
+    default, whose one-sided bound loses little to a coarse grid, does
     not."""
     cal = {"k": K, "ef": [10, 14], "shortlist": [10, 13, 15, 18, 20, 25, 30],
            "recall": [[0.80, 0.85, 0.88, 0.93, 0.96, 0.975, 0.985],
                       [0.80, 0.86, 0.90, 0.95, 0.97, 0.98, 0.99]],
            "stderr": [[0.0] * 7, [0.0] * 7], "scored": [100.0, 140.0]}
-    assert _calibration._target_only(K) == {11, 12, 13, 14, 18, 25}
+    assert _calibration._target_only(K) == {11, 12, 13, 14, 16, 17, 18, 19, 23, 25}
     # The first beam reaches it: ef is that beam's, not one more.
     assert _calibration.choose(cal, 0.92, K) == (10, 1.8, 0.93)
     assert _calibration.choose(cal, 0.92, K, sure=True) == (10, 2.0, 0.96)
@@ -502,6 +510,30 @@ def test_default_keeps_to_the_coarse_columns():
            "stderr": [[0.0] * 6], "scored": [100.0]}
     assert _calibration.choose(cal, 0.90, K) == (10, 1.4, 0.917)
     assert _calibration.choose(cal, 0.90, K, sure=True) == (10, 1.5, 0.9375)
+
+
+def test_grown_table_reads_each_length_at_its_stretch():
+    """An index four times its table's count: a shortlist of L holds what
+    one of L / 2 did (the square root of the growth), read between the
+    measured lengths; nothing below twice the shortest; the beam widens by
+    2 too."""
+    cal = {"k": K, "count": 1000, "ef": [10], "shortlist": [10, 12, 15, 20, 30, 40, 80],
+           "recall": [[0.60, 0.70, 0.80, 0.90, 0.95, 0.96, 0.97]],
+           "stderr": [[0.01] * 7], "scored": [100.0]}
+    assert _calibration.grown(cal, 1.0) is cal
+    g = _calibration.grown(cal, 4.0)
+    # The measured lengths and twice them, from twice the shortest.
+    assert g["shortlist"] == [20, 24, 30, 40, 60, 80, 160]
+    assert g["recall"][0] == pytest.approx([0.60, 0.70, 0.80, 0.90, 0.95, 0.96, 0.97])
+    assert g["stderr"][0] == pytest.approx([0.01] * 7) and g["ef"] == cal["ef"]
+    g = _calibration.grown(cal, 2.25)                 # 1.5 times deeper
+    assert g["shortlist"] == [15, 18, 20, 23, 30, 40, 45, 60, 80, 120]
+    column = dict(zip(g["shortlist"], g["recall"][0]))
+    assert column[20] == pytest.approx(0.70 + 0.10 * (20 / 1.5 - 12) / 3)   # between 12, 15
+    assert column[18] == pytest.approx(0.70) and column[120] == pytest.approx(0.97)
+    assert _calibration.choose(_calibration.grown(cal, 4.0), 0.9, K)[:2] == (10, 4.0)
+    assert _calibration.choose_grown(cal, 0.9, K, 4.0)[:2] == (20, 4.0)
+    assert _calibration.choose_grown(cal, 0.9, K, 1.0) == _calibration.choose(cal, 0.9, K)
 
 
 @pytest.fixture(scope="module")

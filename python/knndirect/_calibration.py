@@ -60,7 +60,7 @@ SURE_Z = 1.645
 # at the widest beam), the ladder is measured again with lengths twice as
 # long, up to LONGEST x the default (1-bit codes over many similar vectors
 # need deep shortlists: 1M x 256 clustered went on gaining past 16 x k).
-# 1.1, 1.2, 1.25, 1.4, 1.75 and 2.5 x k are recall='s alone: recall climbs
+# 1.1-1.9, 2.25 and 2.5 x k are recall='s alone: recall climbs
 # fastest with the length below 3 x k (0.87 to 0.92 from 1.5 to 2 x k on
 # easy data), and a target must not have to take the next column up,
 # beyond its +-TOLERANCE. Small indexes need them most: their beam cannot
@@ -68,14 +68,16 @@ SURE_Z = 1.645
 # 64, 16 graphs: l2 targets outside +-0.02 6/48 and 11/48 without 2.5, 1/48
 # and 0/48 with it; on ip at 2,000 the 0.90 target gains 0.02-0.04 a row
 # from 10 to 15 rows, and 9/48 fell outside until 1.1, 1.2 and 1.4 came,
-# 3/48 after; benchmarks/calibration_seeds.py --n). The default keeps to the coarse
+# 3/48 after; benchmarks/calibration_seeds.py --n; 1.3, 1.6, 1.7, 1.9 and
+# 2.25 came with the grown table, which reads between columns, so that a
+# read between 2 and 2.5 x k need not take 2.5). The default keeps to the coarse
 # columns: its one-sided bound loses little to a coarse grid, and each more
 # column is one more chance to pick an estimate that erred high (with them,
 # defaults on refined codes came out down to 0.947;
 # benchmarks/calibration_seeds.py).
-LENGTH_STEPS = (1, 1.1, 1.2, 1.25, 1.4, 1.5, 1.75, 2, 2.5, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64,
-                96, 128, 192)
-TARGET_ONLY_STEPS = (1.1, 1.2, 1.25, 1.4, 1.75, 2.5)
+LENGTH_STEPS = (1, 1.1, 1.2, 1.25, 1.3, 1.4, 1.5, 1.6, 1.7, 1.75, 1.9, 2, 2.25, 2.5, 3, 4, 6, 8,
+                12, 16, 24, 32, 48, 64, 96, 128, 192)
+TARGET_ONLY_STEPS = (1.1, 1.2, 1.25, 1.3, 1.4, 1.6, 1.7, 1.75, 1.9, 2.25, 2.5)
 MAX_OVERSAMPLE = 2.0
 LONGEST = 16.0
 # ef ladder: from k up by sqrt(2), until recall stops rising or this cap.
@@ -263,13 +265,16 @@ def _between(x0, x1, y0, y1, y):
     return x1 if y1 <= y0 else x0 + (x1 - x0) * (y - y0) / (y1 - y0)
 
 
-def choose(cal, target, k, sure=False):
+def choose(cal, target, k, sure=False, beam=1.0):
     """(ef, oversample, expected recall) of the cheapest measured point whose
     recall reaches target, ef interpolated (log scale) between the two
     measured beams that bracket it; the best measured point when none
     reaches it. sure: the recall less SURE_Z standard errors must reach it
-    (a default of 0.95 is then met with 95% confidence, not a coin toss)."""
+    (a default of 0.95 is then met with 95% confidence, not a coin toss).
+    beam: the interpolated beam times this, before it is rounded up."""
     _, ef, length, expect, _ = _cheapest(cal, target, sure)
+    # (exp(log(10)) is a hair over 10)
+    ef = math.ceil(ef * beam - 1e-9)
     # Measured at the table's k: a larger k keeps the beam as wide relative to k.
     scale = max(1.0, k / cal["k"])
     return max(k, math.ceil(ef * scale)), length / cal["k"], round(expect, 4)
@@ -300,12 +305,47 @@ def _cheapest(cal, target, sure):
         expect = measured[lo, j] + f * (measured[i, j] - measured[lo, j])
         se = stderr[lo, j] + f * (stderr[i, j] - stderr[lo, j])
         if best is None or cost < best[0]:
-            # (exp(log(10)) is a hair over 10)
-            best = (cost, math.ceil(ef - 1e-9), length, float(expect), float(se))
+            best = (cost, ef, length, float(expect), float(se))
     if best is None:
         i, j = np.unravel_index(int(np.argmax(measured)), measured.shape)
         best = (0.0, efs[i], lens[j], float(measured[i, j]), float(stderr[i, j]))
     return best
+
+
+def choose_grown(cal, target, k, growth):
+    """choose (recall= targets) for an index of growth times the count its
+    table was measured on: the shortlist read from the grown table, the
+    beam widened by sqrt(growth) (the core's rule for the default)."""
+    return choose(grown(cal, growth), target, k, beam=math.sqrt(max(growth, 1.0)))
+
+
+def grown(cal, growth):
+    """The table as it stands for an index growth times the count it was
+    measured on. More vectors compete for each shortlist: the true
+    neighbours sit deeper, by the vectors whose estimate beats theirs,
+    those within the estimate's error of the k-th distance. At intrinsic
+    dimension d that shell holds growth ** (1/d) times as many (growth
+    times the density, at a radius shrunk by growth ** (-1/d)), so a
+    shortlist of L holds what one of L / sqrt(growth) did for any d >= 2
+    (an upper bound on the depth: recall lands above the estimate, not
+    below). Its columns are the measured lengths and those times the
+    stretch (rounded up), each read from the measured columns at length /
+    stretch (linear between two: recall is concave in the length, so that
+    errs the same way); none reads below the shortest measured."""
+    if growth <= 1.0:
+        return cal
+    growth = math.sqrt(growth)
+    lens = np.asarray(cal["shortlist"], np.float64)
+    low, high = (math.ceil(growth * x - 1e-9) for x in (lens[0], lens[-1]))
+    served = {int(x) for x in lens} | {math.ceil(growth * x - 1e-9) for x in lens}
+    served = sorted(m for m in served if low <= m <= high)
+    at = np.minimum(np.asarray(served, np.float64) / growth, lens[-1])
+
+    def columns(rows):
+        return [np.interp(at, lens, row).tolist() for row in rows]
+
+    return {**cal, "shortlist": served, "recall": columns(cal["recall"]),
+            "stderr": columns(cal["stderr"])}
 
 
 def _target_only(k):
@@ -315,14 +355,16 @@ def _target_only(k):
     return at(TARGET_ONLY_STEPS) - at(set(LENGTH_STEPS) - set(TARGET_ONLY_STEPS))
 
 
-def curve(cal):
-    """The table as a list of points, plus the choices for common targets."""
+def curve(cal, growth=1.0):
+    """The table as a list of points, plus the choices for common targets
+    (recall='s for an index growth times the table's count, as
+    choose_grown makes them; the default's as the table has it)."""
     points = [{"ef": ef, "oversample": length / cal["k"], "recall": r, "stderr": e}
               for ef, row, errs in zip(cal["ef"], cal["recall"], cal["stderr"])
               for length, r, e in zip(cal["shortlist"], row, errs)]
     targets = {}
     for t in (0.9, 0.95, 0.98, 0.99):
-        ef, os_, expect = choose(cal, t, cal["k"])
+        ef, os_, expect = choose_grown(cal, t, cal["k"], growth)
         targets[t] = {"ef": ef, "oversample": os_, "expected_recall": expect}
     ef, os_, expect = choose(cal, DEFAULT_TARGET, cal["k"], sure=True)
     return {k: v for k, v in cal.items() if k not in ("recall", "stderr")} | {

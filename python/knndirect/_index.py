@@ -349,24 +349,36 @@ class Index:
         collection applies across its segments). Adds since the table widen
         the shortlist and the beam further in the core (``_serves``), which
         reads the live count under the search's lock: a search's parameters
-        always match the graph it searched, whatever adds run beside it. A
-        target given with recall= is an estimate to within +-TOLERANCE, not
-        a bound, and stays unwidened (widened, the short lists of k=10 round
-        up to overshoot by 0.015-0.04; benchmarks/calibration_seeds.py --n
-        2000)."""
+        always match the graph it searched, whatever adds run beside it.
+
+        A target given with recall= is an estimate to within +-TOLERANCE,
+        not a bound: it is read from the table stretched for the live count
+        (_calibration.grown: the shortlist by the square root of the
+        growth, every length measured or read between), not widened after
+        the choice (widened, the short lists of k=10 round up to overshoot
+        by 0.015-0.04; benchmarks/calibration_seeds.py --n 2000)."""
         if self._cal is None:
             return None
-        key = (recall, k)
+        growth = None if recall is None else self._growth()
+        key = (recall, k, growth)
         got = self._choices.get(key)
         if got is None:
-            target = _calibration.DEFAULT_TARGET if recall is None else recall
-            ef, oversample = _calibration.choose(self._cal, target, k, sure=recall is None)[:2]
-            grown = self._serves() / self._cal["count"]
-            if recall is None and grown > 1:
-                length = math.ceil(k * oversample - 1e-9)
-                oversample = max(length, round(length * grown)) / k
+            if recall is None:
+                ef, oversample = _calibration.choose(self._cal, _calibration.DEFAULT_TARGET,
+                                                     k, sure=True)[:2]
+                grown = self._serves() / self._cal["count"]
+                if grown > 1:
+                    length = math.ceil(k * oversample - 1e-9)
+                    oversample = max(length, round(length * grown)) / k
+            else:
+                ef, oversample = _calibration.choose_grown(self._cal, recall, k, growth)[:2]
             got = self._choices[key] = ef, oversample
         return got
+
+    def _growth(self):
+        """The live count over the table's, in thousandths rounded up (one
+        recall= choice per 0.1% of growth)."""
+        return math.ceil(1000 * len(self._core) / self._cal["count"] - 1e-6) / 1000
 
     def _serves(self):
         """The count the default's beam and shortlist were chosen for: more
@@ -699,7 +711,7 @@ class Index:
         info["preload"] = list(self._preload)
         info["calibration"] = None
         if self._cal is not None:
-            info["calibration"] = _calibration.curve(self._cal)
+            info["calibration"] = _calibration.curve(self._cal, self._growth())
             if self._cal_seconds is not None:
                 info["calibration"]["seconds"] = self._cal_seconds
             info["default_ef"], info["default_oversample"] = self._widened(self._cal["k"], None)
