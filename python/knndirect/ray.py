@@ -573,13 +573,13 @@ class ShardedIndex:
                 done.append({"name": name, "segments": ray.get(ref)})
             except Exception as e:             # the task's error, re-raised by ray.get
                 failed[name] = e
-        if done:
-            self._record_tune(done, {"queries": int(q.shape[0]), "k": k})
         for ref in [a.refresh.remote() for group in self._actors for a in group]:
             try:
                 ray.get(ref)
             except RayActorError:
                 pass                           # a restarted actor opens the newest commit
+        if done:
+            self._record_tune(done, {"queries": int(q.shape[0]), "k": k})
         if failed:
             first = next(iter(failed.values()))
             cause = getattr(first, "cause", None) or first
