@@ -531,6 +531,13 @@ def test_grown_table_reads_each_length_at_its_stretch():
     column = dict(zip(g["shortlist"], g["recall"][0]))
     assert column[20] == pytest.approx(0.70 + 0.10 * (20 / 1.5 - 12) / 3)   # between 12, 15
     assert column[18] == pytest.approx(0.70) and column[120] == pytest.approx(0.97)
+    # 5% deeper: k stays a column, read along the first gap's line (9.52 rows).
+    g = _calibration.grown(cal, 1.05 ** 2)
+    assert g["shortlist"][:3] == [10, 11, 12]
+    assert g["recall"][0][0] == pytest.approx(0.60 - (10 - 10 / 1.05) * 0.05)
+    assert g["recall"][0][1] == pytest.approx(0.60 + (11 / 1.05 - 10) * 0.05)
+    # 30% deeper: 7.7 rows, more than a gap below: no column at k.
+    assert _calibration.grown(cal, 1.3 ** 2)["shortlist"][0] == 13
     assert _calibration.choose(_calibration.grown(cal, 4.0), 0.9, K)[:2] == (10, 4.0)
     assert _calibration.choose_grown(cal, 0.9, K, 4.0)[:2] == (20, 4.0)
     assert _calibration.choose_grown(cal, 0.9, K, 1.0) == _calibration.choose(cal, 0.9, K)
