@@ -269,10 +269,14 @@ def _build_shards(dataset, path, n, dim, metric, params, column, id_column, num_
            "params": params, "memory_budget": budget, "quantizer": QUANTIZER,
            "count": sum(s["count"] for s in shards), "shards": shards,
            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    _fsync_dir(path)
+    _fsync_dir(path)                     # the shards' directories, before the manifest
+    _write_manifest(path, doc)
+    return doc
+
+
+def _write_manifest(path, doc):
     _write_durable(os.path.join(path, MANIFEST), _encode_manifest(doc))
     _fsync_dir(path)
-    return doc
 
 
 def read_manifest(path):
@@ -597,8 +601,7 @@ class ShardedIndex:
             entry = by_name[d["name"]]
             entry["tune"] = dict(tune)
             entry["bytes"] = int(sum(seg["bytes"] for seg in d["segments"]))
-        _write_durable(os.path.join(self._path, MANIFEST), _encode_manifest(doc))
-        _fsync_dir(self._path)
+        _write_manifest(self._path, doc)
         with self._lock:
             self._doc = doc
 
