@@ -4,7 +4,7 @@ builds), measured on 4,000 fresh queries of the same distribution.
 
     python benchmarks/calibration_seeds.py [--seeds 8] [--steps 1,1.5,2,3,...]
         [--quantization 1bit+4bit] [--n 2000] [--dim 64] [--grow 1.9]
-        [--unstretched]
+        [--segments 4] [--unstretched]
 
 --n takes the first n vectors of the same distribution instead (small
 indexes: their table is measured on n less the held-out queries); --dim
@@ -15,6 +15,10 @@ in adds of 1,000 (G below 2, so the table is not measured again), then
 prints the default's recall as searched (widened for the growth in the
 core) and with the table's own pick at build (unwidened), and how far
 recall= lands from its targets.
+
+--segments S builds a Collection (merge_policy=None) of S equal segments
+of n / S vectors, one commit each, and prints how far its recall= lands
+from its targets and the default's recall, as --grow does.
 
 recall= targets are read from the table stretched for the vectors added
 since it was measured (the held-out queries, then adds);
@@ -29,6 +33,7 @@ recall, and on how many graphs the default fell below 0.95.
 import argparse
 import os
 import sys
+import tempfile
 
 import numpy as np
 
@@ -53,8 +58,11 @@ def main():
     ap.add_argument("--dim", type=int, default=DIM, help="dimension (the tests' set: 64)")
     ap.add_argument("--grow", type=float, default=None,
                     help="build on n/G, add the rest by 1,000 (1 < G < 2)")
+    ap.add_argument("--segments", type=int, default=None,
+                    help="a collection of this many equal segments")
     ap.add_argument("--unstretched", action="store_true",
                     help="recall= picks from the table as measured (no growth since)")
+    ap.add_argument("--workdir", default=None, help="where --segments writes (a temp dir)")
     args = ap.parse_args()
     if args.unstretched:
         _calibration.choose_grown = lambda cal, target, k, growth: _calibration.choose(
@@ -63,6 +71,8 @@ def main():
         ap.error("--grow must lie between 1 and 2 (at 2 the table is measured again)")
     if args.grow:
         return grown(args)
+    if args.segments:
+        return segmented(args)
     if args.steps:
         _calibration.LENGTH_STEPS = tuple(float(s) for s in args.steps.split(","))
     base, fresh = _data(args.n, args.dim)
@@ -116,6 +126,31 @@ def grown(args):
         print(f"| {metric} | {_spread(widened)} | {_spread(unwidened)} | "
               f"{p[0]:.1f}, {p[1]:.2f} -> {p[2]:.1f}, {p[3]:.2f} | {_errors(errs)} |",
               flush=True)
+
+
+def segmented(args):
+    base, fresh = _data(args.n, args.dim)
+    size = -(-args.n // args.segments)
+    print(f"{args.quantization}; a collection of {args.segments} segments of {size}")
+    _header("metric", "default min", "default mean", "default < 0.95",
+            "ef, oversample (mean)", "recall= max abs error", "mean error", "outside +-0.02")
+    for metric, truth, graphs in _per_metric(args, base, fresh):
+        defaults, picks, errs = [], [], []
+        for seed, _ in enumerate(graphs):
+            with tempfile.TemporaryDirectory(dir=args.workdir) as d:
+                col = kd.Collection.create(os.path.join(d, "c"), args.dim, metric, seed=seed,
+                                           quantization=args.quantization, merge_policy=None)
+                for start in range(0, args.n, size):
+                    col.add(base[start:start + size], threads=1)
+                    col.commit()
+                defaults.append(recall_at_k(col.search(fresh, 10)[1], truth))
+                picks.append([col._search_picks(10, t) for t in (None,) + TARGETS])
+                errs += _target_errors(col, fresh, truth)
+                col.close()
+        p = np.mean(picks, axis=0)
+        print(f"| {metric} | {_spread(defaults)} | "
+              + ", ".join(f"{e:.0f}/{o:.2f}" for e, o in p)
+              + f" | {_errors(errs)} |", flush=True)
 
 
 def _data(n, d=DIM):

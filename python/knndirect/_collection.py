@@ -1101,18 +1101,7 @@ class Collection:
         a collection under 1,000 vectors is searched exactly and a larger
         one raises ValueError."""
         if not exact and _recall_target(recall, ef, oversample) is not None:
-            with self._state:
-                self._check_open()
-                picks = [(len(ix), c) for ix in self._indexes()
-                         if (c := ix._widened(k, recall))]
-                live = len(self)
-            if picks:
-                size, (_, big_oversample) = max(picks, key=lambda p: p[0])
-                ef = max(c[0] for _, c in picks)
-                oversample = big_oversample * max(1.0, live / max(size, 1))
-            else:
-                ef, oversample, exact = _uncalibrated(
-                    recall, live, "merge(max_segments=1) measures one for its output")
+            ef, oversample, exact = self._search_picks(k, recall)
         single, q, args = _search_args(queries, self._dim, k, ef, oversample, rerank, exact,
                                        _default(threads, self._threads), filter)
         self._check_open()
@@ -1121,6 +1110,19 @@ class Collection:
         if single:
             return D[0], I[0]
         return D, I
+
+    def _search_picks(self, k, recall):
+        """(ef, oversample, exact) of a search for recall (None: the
+        default) over the collection as it stands."""
+        with self._state:
+            self._check_open()
+            picks = [(len(ix), c) for ix in self._indexes() if (c := ix._widened(k, recall))]
+            live = len(self)
+        if not picks:
+            return _uncalibrated(recall, live, "merge(max_segments=1) measures one for its output")
+        size, (_, big_oversample) = max(picks, key=lambda p: p[0])
+        ef = max(c[0] for _, c in picks)
+        return ef, big_oversample * max(1.0, live / max(size, 1)), False
 
     def tune(self, queries, k=10, *, threads=None) -> list:
         """Measure every segment's recall calibration again on your own
