@@ -144,7 +144,7 @@ def segmented(args):
                     col.add(base[start:start + size], threads=1)
                     col.commit()
                 defaults.append(recall_at_k(col.search(fresh, 10)[1], truth))
-                picks.append([col._search_picks(10, t) for t in (None,) + TARGETS])
+                picks.append([col._search_picks(10, t)[:2] for t in (None,) + TARGETS])
                 errs += _target_errors(col, fresh, truth)
                 col.close()
         p = np.mean(picks, axis=0)
