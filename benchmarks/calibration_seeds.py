@@ -4,7 +4,7 @@ builds), measured on 4,000 fresh queries of the same distribution.
 
     python benchmarks/calibration_seeds.py [--seeds 8] [--steps 1,1.5,2,3,...]
         [--quantization 1bit+4bit] [--n 2000] [--dim 64] [--grow 1.9]
-        [--segments 4] [--unstretched]
+        [--segments 4 [--refit] [--bound]] [--unstretched]
 
 --n takes the first n vectors of the same distribution instead (small
 indexes: their table is measured on n less the held-out queries); --dim
@@ -18,7 +18,12 @@ recall= lands from its targets.
 
 --segments S builds a Collection (merge_policy=None) of S equal segments
 of n / S vectors, one commit each, and prints how far its recall= lands
-from its targets and the default's recall, as --grow does.
+from its targets and the default's recall, as --grow does. Its quantizer
+is fitted on the first segment (as a collection fits it), or with --refit
+on the first 16,384 vectors before the adds (Collection.refit). --bound
+makes recall= take the default's bound (the widest beam, the largest
+segment's shortlist times the live count over its own), as where the
+quantizer is too coarse for the stretch, for an A/B.
 
 recall= targets are read from the table stretched for the vectors added
 since it was measured (the held-out queries, then adds);
@@ -60,6 +65,10 @@ def main():
                     help="build on n/G, add the rest by 1,000 (1 < G < 2)")
     ap.add_argument("--segments", type=int, default=None,
                     help="a collection of this many equal segments")
+    ap.add_argument("--refit", action="store_true",
+                    help="--segments: fit the quantizer on the first 16,384 vectors first")
+    ap.add_argument("--bound", action="store_true",
+                    help="--segments: recall= takes the default's bound, not the stretch")
     ap.add_argument("--unstretched", action="store_true",
                     help="recall= picks from the table as measured (no growth since)")
     ap.add_argument("--workdir", default=None, help="where --segments writes (a temp dir)")
@@ -67,6 +76,8 @@ def main():
     if args.unstretched:
         _calibration.choose_grown = lambda cal, target, k, growth: _calibration.choose(
             cal, target, k)
+    if args.bound:
+        kd.Index._quantizer_fits = lambda self, count: False
     if args.grow is not None and not 1 < args.grow < 2:
         ap.error("--grow must lie between 1 and 2 (at 2 the table is measured again)")
     if args.grow:
@@ -93,9 +104,12 @@ def _target_errors(index, fresh, truth):
 
 
 def _errors(errs):
-    """The largest |error|, the mean, how many fell outside +-0.02: three cells."""
+    """The largest |error|, the mean (and each target's), how many fell
+    outside +-0.02: three cells."""
     e = np.array(errs)
-    return f"{np.abs(e).max():.4f} | {e.mean():+.4f} | {int((np.abs(e) > 0.02).sum())}/{e.size}"
+    each = "/".join(f"{m:+.3f}" for m in e.reshape(-1, len(TARGETS)).mean(axis=0))
+    return (f"{np.abs(e).max():.4f} | {e.mean():+.4f} ({each}) | "
+            f"{int((np.abs(e) > 0.02).sum())}/{e.size}")
 
 
 def grown(args):
@@ -131,7 +145,8 @@ def grown(args):
 def segmented(args):
     base, fresh = _data(args.n, args.dim)
     size = -(-args.n // args.segments)
-    print(f"{args.quantization}; a collection of {args.segments} segments of {size}")
+    print(f"{args.quantization}; a collection of {args.segments} segments of {size}; quantizer "
+          f"fitted on {min(args.n, 16384) if args.refit else size}")
     _header("metric", "default min", "default mean", "default < 0.95",
             "ef, oversample (mean)", "recall= max abs error", "mean error", "outside +-0.02")
     for metric, truth, graphs in _per_metric(args, base, fresh):
@@ -140,8 +155,10 @@ def segmented(args):
             with tempfile.TemporaryDirectory(dir=args.workdir) as d:
                 col = kd.Collection.create(os.path.join(d, "c"), args.dim, metric, seed=seed,
                                            quantization=args.quantization, merge_policy=None)
+                if args.refit:
+                    col.refit(base[:16384])
                 for start in range(0, args.n, size):
-                    col.add(base[start:start + size], threads=1)
+                    col.add(base[start:start + size])
                     col.commit()
                 defaults.append(recall_at_k(col.search(fresh, 10)[1], truth))
                 picks.append([col._search_picks(10, t)[:2] for t in (None,) + TARGETS])

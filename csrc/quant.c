@@ -166,6 +166,12 @@ static void *assign_worker(void *arg)
     return NULL;
 }
 
+uint32_t kd_quant_centres_for(size_t n)
+{
+    size_t c = n / 64;
+    return c < 1 ? 1 : (c > KD_MAX_CENTRES ? KD_MAX_CENTRES : (uint32_t)c);
+}
+
 int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed, unsigned threads)
 {
     if (n == 0)
@@ -174,9 +180,7 @@ int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed, 
         train_ranges(q, x, n);
         return 0;
     }
-    uint32_t d = q->dim;
-    uint32_t C = (uint32_t)(n / 64);
-    C = C < 1 ? 1 : (C > KD_MAX_CENTRES ? KD_MAX_CENTRES : C);
+    uint32_t d = q->dim, C = kd_quant_centres_for(n);
     size_t sample = n < (size_t)C * 64 ? n : (size_t)C * 64;
     size_t step = n / sample;
     double *sum = calloc((size_t)C * d, sizeof(double));

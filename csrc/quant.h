@@ -116,6 +116,8 @@ int kd_quant_copy(struct kd_quant *dst, const struct kd_quant *src);
 int kd_quant_equal(const struct kd_quant *a, const struct kd_quant *b);
 /* Fit the centres by k-means to x (n rows, already normalized for cosine). */
 int kd_quant_train(struct kd_quant *q, const float *x, size_t n, uint64_t seed, unsigned threads);
+/* The centres a 1-bit quantizer trained on n rows gets. */
+uint32_t kd_quant_centres_for(size_t n);
 void kd_quant_free(struct kd_quant *q);
 size_t kd_quant_signs_bytes(const struct kd_quant *q);
 

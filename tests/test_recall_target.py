@@ -461,6 +461,53 @@ def test_collection_segments_carry_calibrations(tmp_path):
         assert again._segments[0].index.info()["calibration"]["source"] == "hidden"
 
 
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_collection_targets_read_the_stretched_table(tmp_path, metric):
+    """recall= over 4 segments of 5,000 reads the largest segment's table
+    stretched for the 20,000 live vectors, where the quantizer was fitted
+    on 16,384 vectors (refit with a sample first). The stretch bounds how
+    deep the neighbours sit, so it lands high more than low: 0.95 and 0.98
+    within +-0.02, 0.90 up to +0.025 (+0.013-0.017 on average over 3 seeds,
+    benchmarks/calibration_seeds.py --segments 4 --refit).
+    With its own quantizer, fitted on the first 5,000 (78 centres against
+    the 156 that half of 20,000 would get), it takes the default's bound: the
+    largest segment's shortlist read 4 times, landing above the target."""
+    base, queries = split(20000, 1000, 64, seed=4200)
+    _, truth = brute_force(base, queries, K, metric)
+    got = {}
+    for quantizer in ("fitted", "own"):
+        col = kd.Collection.create(tmp_path / quantizer, 64, metric, merge_policy=None,
+                                   threads=1)
+        if quantizer == "fitted":
+            col.refit(base[:16384])
+        for start in range(0, 20000, 5000):
+            col.add(base[start:start + 5000])
+            col.commit()
+        assert len(col.segments()) == 4
+        fits = [s.index._quantizer_fits(20000) for s in col._segments]
+        assert fits == [quantizer == "fitted"] * 4
+        centres = col._segments[0].index.info()["centres"]
+        assert centres == (256 if quantizer == "fitted" else 78)
+        big = max(col._segments, key=lambda s: len(s.index)).index
+        for target in TARGETS:
+            ef, oversample, exact = col._search_picks(K, target)
+            _, ids = col.search(queries, K, recall=target)
+            got[quantizer, target] = recall_at_k(ids, truth)
+            if quantizer == "fitted":
+                assert (ef, oversample) == big._chosen(K, target, among=20000)
+                assert (ef, oversample) == _calibration.choose_grown(
+                    big._cal, target, K, big._growth(20000), big._growth())[:2]
+                high = 0.025 if target == 0.90 else 0.02
+                assert -0.02 <= got[quantizer, target] - target <= high, (target, got)
+            else:
+                widest = max(s.index._chosen(K, target)[0] for s in col._segments)
+                own = big._chosen(K, target)[1]
+                assert (ef, exact) == (widest, False)
+                assert oversample == pytest.approx(own * 20000 / len(big))
+                assert got[quantizer, target] >= target - 0.005, (target, got)
+        col.close()
+
+
 def test_append_calibration_refuses_a_file_that_has_one(built, tmp_path):
     from knndirect._container import append_calibration
     _, _, _, _, index = built

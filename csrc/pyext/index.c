@@ -512,6 +512,7 @@ static PyObject *Index_info(KdIndexObject *self, PyObject *unused)
     SET(d, "direct_io", PyBool_FromLong(in.on_disk && in.io.direct_io));
     SET(d, "record_size", PyLong_FromUnsignedLong(in.record_size));
     SET(d, "code_size", PyLong_FromUnsignedLong(in.code_size));
+    SET(d, "centres", PyLong_FromUnsignedLong(in.centres));
     SET(d, "alignment", PyLong_FromUnsignedLong(in.on_disk ? in.io.alignment : KD_BLOCK));
     SET(d, "resident_bytes", PyLong_FromUnsignedLongLong(in.resident_bytes));
     SET(d, "default_oversample", PyFloat_FromDouble(in.default_oversample));

@@ -6,6 +6,7 @@
 #include "distance.h"
 #include "exact.h"
 #include "format.h"
+#include "quant.h"
 #include "vecio.h"
 
 #include <string.h>
@@ -170,7 +171,14 @@ static PyObject *mod_kernel(PyObject *mod, PyObject *args)
     return r;
 }
 
-/* Benchmark hook: seconds to stream a float32 buffer with `threads` threads. */
+static PyObject *mod_quantizer_centres(PyObject *mod, PyObject *args)
+{
+    unsigned long long n;
+    if (!PyArg_ParseTuple(args, "K", &n))
+        return NULL;
+    return PyLong_FromUnsignedLong(kd_quant_centres_for((size_t)n));
+}
+
 static PyObject *mod_build_code_row_bytes(PyObject *mod, PyObject *args)
 {
     unsigned int dim;
@@ -268,6 +276,8 @@ static PyMethodDef mod_methods[] = {
      "the live vectors of several indexes as one index file. progress(done, total) returning "
      "False cancels (RuntimeError, no file); it runs with the indexes locked and must not "
      "modify, search or close them."},
+    {"quantizer_centres", mod_quantizer_centres, METH_VARARGS,
+     "quantizer_centres(n): the centres a 1-bit quantizer fitted on n vectors gets."},
     {"build_code_row_bytes", mod_build_code_row_bytes, METH_VARARGS,
      "build_code_row_bytes(dim): RAM a row's build code takes while an index grows."},
     {"merge_row_bytes", kd_mod_merge_row_bytes, METH_VARARGS,

@@ -315,11 +315,14 @@ def _cheapest(cal, target, sure):
     return best
 
 
-def choose_grown(cal, target, k, growth):
+def choose_grown(cal, target, k, growth, graph_growth=None):
     """choose (recall= targets) for an index of growth times the count its
     table was measured on: the shortlist read from the grown table, the
-    beam widened by sqrt(growth) (the core's rule for the default)."""
-    return choose(grown(cal, growth), target, k, beam=math.sqrt(max(growth, 1.0)))
+    beam widened by sqrt(graph_growth) (the core's rule for the default).
+    graph_growth, when the graph searched is not all that competes for the
+    shortlist (a collection's segment), is the graph's own; else growth."""
+    graph_growth = growth if graph_growth is None else graph_growth
+    return choose(grown(cal, growth), target, k, beam=math.sqrt(max(graph_growth, 1.0)))
 
 
 def grown(cal, growth):

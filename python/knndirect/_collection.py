@@ -1088,18 +1088,28 @@ class Collection:
         """Search every segment and the write buffer as one pipeline: graph
         searches over codes, one global shortlist, one batch of reads across
         the segment files, an exact rerank, the global top k. Options and
-        results are those of :meth:`knndirect.Index.search`. A recall
-        target (given, or the default 0.95) takes, of the segments that
+        results are those of :meth:`knndirect.Index.search`. One shortlist
+        is chosen across all segments, and the more vectors compete for it,
+        the deeper the same true neighbours sit in it.
+
+        The default (0.95, met with confidence) takes, of the segments that
         carry a calibration, the widest beam any of them needs, and the
         shortlist of the largest one widened by the collection's size over
-        its own: one shortlist is chosen across all segments, and the more
-        vectors compete for it, the more rows keep the same true neighbours
-        (a bound that errs towards recall: 4 equal segments read 4 times
-        one's shortlist; merging makes it cheaper). The default's picks are
+        its own (a bound that errs towards recall: 4 equal segments read 4
+        times one's shortlist; merging makes it cheaper). Its picks are
         first widened for adds since each table, as Index.search widens
-        them (the write buffer's). Where none carries one,
-        a collection under 1,000 vectors is searched exactly and a larger
-        one raises ValueError."""
+        them (the write buffer's).
+
+        A target given with recall= is an estimate, read from the largest
+        segment's table stretched for the collection's live count as an
+        index grown to that count would read it (Index.search), its beam
+        widened for that segment's own growth. Where the quantizer has fewer
+        centres than one fitted on half the collection would (a first
+        segment of a few thousand vectors), the stretch says too little and
+        the default's bound is taken instead.
+
+        Where no segment carries a calibration, a collection under 1,000
+        vectors is searched exactly and a larger one raises ValueError."""
         if not exact and _recall_target(recall, ef, oversample) is not None:
             ef, oversample, exact = self._search_picks(k, recall)
         single, q, args = _search_args(queries, self._dim, k, ef, oversample, rerank, exact,
@@ -1113,11 +1123,15 @@ class Collection:
 
     def _search_picks(self, k, recall):
         """(ef, oversample, exact) of a search for recall (None: the
-        default) over the collection as it stands."""
+        default) over the collection as it stands (see search)."""
         with self._state:
             self._check_open()
-            picks = [(len(ix), c) for ix in self._indexes() if (c := ix._widened(k, recall))]
+            indexes = self._indexes()
+            picks = [(len(ix), c) for ix in indexes if (c := ix._widened(k, recall))]
             live = len(self)
+            if recall is not None and picks and all(ix._quantizer_fits(live) for ix in indexes):
+                big = max((ix for ix in indexes if ix._cal is not None), key=len)
+                return (*big._chosen(k, recall, among=live), False)
         if not picks:
             return _uncalibrated(recall, live, "merge(max_segments=1) measures one for its output")
         size, (_, big_oversample) = max(picks, key=lambda p: p[0])

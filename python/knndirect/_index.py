@@ -262,6 +262,7 @@ class Index:
         self._cal = _calibration.decode(core.calibration())
         self._cal_seconds = None
         self._choices = {}
+        self._centres = None  # the quantizer's, once fitted (0: not 1-bit codes)
 
     # -- recall targets -----------------------------------------------------
     def _set_calibration(self, cal):
@@ -335,7 +336,7 @@ class Index:
             return None
         return held
 
-    def _chosen(self, k, recall):
+    def _chosen(self, k, recall, among=None):
         """(ef, oversample) of the calibration for recall (None: the default
         target, met with confidence), or None without a calibration.
 
@@ -356,11 +357,14 @@ class Index:
         (_calibration.grown: the shortlist by the square root of the
         growth, every length measured or read between), not widened after
         the choice (widened, the short lists of k=10 round up to overshoot
-        by 0.015-0.04; benchmarks/calibration_seeds.py --n 2000)."""
+        by 0.015-0.04; benchmarks/calibration_seeds.py --n 2000). among, a
+        collection's live count, is what competes for the shortlist: the
+        table is stretched for it, the beam for this graph's own growth."""
         if self._cal is None:
             return None
         growth = None if recall is None else self._growth()
-        key = (recall, k, growth)
+        shared = None if among is None else self._growth(among)
+        key = (recall, k, growth, shared)
         got = self._choices.get(key)
         if got is None:
             if recall is None:
@@ -371,14 +375,29 @@ class Index:
                     length = math.ceil(k * oversample - 1e-9)
                     oversample = max(length, round(length * grown)) / k
             else:
-                ef, oversample = _calibration.choose_grown(self._cal, recall, k, growth)[:2]
+                ef, oversample = _calibration.choose_grown(self._cal, recall, k,
+                                                           shared or growth, growth)[:2]
             got = self._choices[key] = ef, oversample
         return got
 
-    def _growth(self):
-        """The live count over the table's, in thousandths rounded up (one
-        recall= choice per 0.1% of growth)."""
-        return math.ceil(1000 * len(self._core) / self._cal["count"] - 1e-6) / 1000
+    def _growth(self, count=None):
+        """The live count (or count) over the table's, in thousandths
+        rounded up (one recall= choice per 0.1% of growth)."""
+        count = len(self._core) if count is None else count
+        return math.ceil(1000 * count / self._cal["count"] - 1e-6) / 1000
+
+    def _quantizer_fits(self, count):
+        """Whether the quantizer has the centres one fitted on half of count
+        vectors would (the rule a collection refits its first segment by):
+        with fewer, code estimates err by more than the nearest
+        neighbours' spacing at that count, and a table measured here says
+        less of how deep they sit among count vectors."""
+        if self._centres is None:
+            info = self._core.info()  # fixed once the first add fitted or adopted it
+            if info["count"] == 0:
+                return True
+            self._centres = info["centres"] if info["quantization"].startswith("1bit") else 0
+        return not self._centres or self._centres >= _core.quantizer_centres(count // 2)
 
     def _serves(self):
         """The count the default's beam and shortlist were chosen for: more
