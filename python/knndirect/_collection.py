@@ -1127,15 +1127,15 @@ class Collection:
         with self._state:
             self._check_open()
             indexes = self._indexes()
-            picks = [(len(ix), c) for ix in indexes if (c := ix._widened(k, recall))]
+            picks = [(len(ix), ix, c) for ix in indexes if (c := ix._widened(k, recall))]
             live = len(self)
-            if recall is not None and picks and all(ix._quantizer_fits(live) for ix in indexes):
-                big = max((ix for ix in indexes if ix._cal is not None), key=len)
-                return (*big._chosen(k, recall, among=live), False)
+            if picks:
+                size, big, (_, big_oversample) = max(picks, key=lambda p: p[0])
+                if recall is not None and all(ix._quantizer_fits(live) for ix in indexes):
+                    return (*big._chosen(k, recall, among=live), False)
         if not picks:
             return _uncalibrated(recall, live, "merge(max_segments=1) measures one for its output")
-        size, (_, big_oversample) = max(picks, key=lambda p: p[0])
-        ef = max(c[0] for _, c in picks)
+        ef = max(c[0] for _, _, c in picks)
         return ef, big_oversample * max(1.0, live / max(size, 1)), False
 
     def tune(self, queries, k=10, *, threads=None) -> list:
