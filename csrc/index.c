@@ -735,7 +735,7 @@ void kd_index_info(struct kd_index *ix, struct kd_info *info)
     info->path = ix->path;
     info->record_size = ix->record_stride;
     info->code_size = ix->quant.code_size + ix->quant.refine_size;
-    info->centres = ix->quant.ncentres;
+    info->centres = ix->trained ? ix->quant.ncentres : 0;
     info->resident_bytes = resident_bytes(ix);
     if (ix->vio)
         kd_vecio_get_info(ix->vio, &info->io);

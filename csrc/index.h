@@ -77,7 +77,7 @@ struct kd_info {
     const char *path;
     uint32_t record_size; /* bytes per vector record in the file */
     uint32_t code_size;
-    uint32_t centres; /* the quantizer's */
+    uint32_t centres; /* the quantizer's; 0 before it is fitted */
     uint64_t resident_bytes;
     struct kd_vecio_info io; /* valid when on_disk */
     double default_oversample;

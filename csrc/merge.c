@@ -4,7 +4,8 @@
  *   fit     one pass: a sample of the live vectors (unit length first for
  *           cosine) for 8-bit build codes, or the range of every dimension
  *           over all of them for 4-bit ones; and the search code of each
- *           row whose input's quantizer differs from the base's;
+ *           row whose input's quantizer differs from the output's (the
+ *           base's, or the one the caller gives);
  *   encode  a second pass: the build code of every live vector;
  *   repair  the base's graph renumbered, its removed nodes dropped; a list
  *           that lost a neighbour keeps the others and takes in, from the
@@ -1284,11 +1285,23 @@ static int emit(void *arg, struct kd_writer *w) { return kd_index_save(arg, w); 
 
 /* ---- setup */
 
-static int check_inputs(struct kd_index **in, size_t n)
+static int check_inputs(struct kd_index **in, size_t n, const struct kd_index *quantizer)
 {
     if (!n)
         return kd_fail(-EINVAL, "merge needs at least one index");
     const struct kd_index_params *p = &in[0]->p;
+    if (quantizer) {
+        const struct kd_index_params *q = &quantizer->p;
+        if (q->dim != p->dim || q->metric != p->metric || q->quantization != p->quantization)
+            return kd_fail(-EINVAL,
+                           "the merge's quantizer (dim %u, %s, %s) does not fit its inputs "
+                           "(dim %u, %s, %s)",
+                           q->dim, kd_metric(q->metric)->name,
+                           kd_quantization_name(q->quantization), p->dim,
+                           kd_metric(p->metric)->name, kd_quantization_name(p->quantization));
+        if (!quantizer->trained)
+            return kd_fail(-EINVAL, "the merge's quantizer is not trained");
+    }
     for (size_t i = 0; i < n; i++) {
         const struct kd_index_params *q = &in[i]->p;
         for (size_t k = 0; k < i; k++)
@@ -1357,8 +1370,9 @@ static int map_rows(struct merge *m, uint64_t *total)
     return err;
 }
 
-/* The output index: the base's parameters and quantizer, its arrays sized
- * for total rows, ids and copied codes filled in. */
+/* The output index: the base's parameters, the caller's quantizer or else
+ * the base's, its arrays sized for total rows, ids and copied codes filled
+ * in. */
 static int make_output(struct merge *m, uint64_t total)
 {
     struct kd_index *base = m->in[0].ix, *out = NULL;
@@ -1366,7 +1380,8 @@ static int make_output(struct merge *m, uint64_t total)
     if (err)
         return err;
     m->out = out;
-    if ((err = kd_quant_copy(&out->quant, &base->quant)))
+    const struct kd_quant *quant = m->mp->quantizer ? &m->mp->quantizer->quant : &base->quant;
+    if ((err = kd_quant_copy(&out->quant, quant)))
         return err;
     out->estimate = kd_estimator(&out->quant);
     out->refine = kd_refiner(&out->quant);
@@ -1390,7 +1405,7 @@ static int make_output(struct merge *m, uint64_t total)
     for (size_t i = 0; i < m->n; i++) {
         struct input *in = &m->in[i];
         struct kd_index *ix = in->ix;
-        in->same_quant = kd_quant_equal(&ix->quant, &base->quant);
+        in->same_quant = kd_quant_equal(&ix->quant, quant);
         for (uint64_t r = in->lo_row; r < in->hi_row; r++) {
             uint32_t o = in->to_out[r];
             if (o == KD_NONE)
@@ -1475,12 +1490,12 @@ int kd_merge(const char *path, struct kd_index **in, size_t n, const struct kd_m
     struct kd_merge_report local;
     rep = rep ? rep : &local;
     memset(rep, 0, sizeof *rep);
-    int err = check_inputs(in, n);
+    int err = check_inputs(in, n, mp->quantizer);
     if (err)
         return err;
     /* Read locks in address order, so that two merges never wait on each
-     * other. */
-    struct kd_index **locked = malloc(n * sizeof *locked);
+     * other; the quantizer's too, unless it is an input. */
+    struct kd_index **locked = malloc((n + 1) * sizeof *locked);
     struct merge m = {0};
     m.in = calloc(n, sizeof *m.in);
     if (!locked || !m.in) {
@@ -1488,9 +1503,15 @@ int kd_merge(const char *path, struct kd_index **in, size_t n, const struct kd_m
         free(m.in);
         return kd_fail(-ENOMEM, "out of memory");
     }
+    size_t nlocked = n;
     memcpy(locked, in, n * sizeof *locked);
-    qsort(locked, n, sizeof *locked, cmp_ptr);
+    int quantizer_is_input = 0;
     for (size_t i = 0; i < n; i++)
+        quantizer_is_input |= in[i] == mp->quantizer;
+    if (mp->quantizer && !quantizer_is_input)
+        locked[nlocked++] = mp->quantizer;
+    qsort(locked, nlocked, sizeof *locked, cmp_ptr);
+    for (size_t i = 0; i < nlocked; i++)
         pthread_rwlock_rdlock(&locked[i]->lock);
     /* The base: the most live rows, the first of equals. */
     size_t base = 0;
@@ -1507,7 +1528,7 @@ int kd_merge(const char *path, struct kd_index **in, size_t n, const struct kd_m
     m.threads = m.threads > 256 ? 256 : m.threads;
     rep->base = (uint32_t)base;
     err = run(&m, path, rep);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < nlocked; i++)
         pthread_rwlock_unlock(&locked[i]->lock);
     for (size_t i = 0; i < n; i++)
         free(m.in[i].to_out);

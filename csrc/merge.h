@@ -37,6 +37,11 @@ struct kd_merge_params {
      * an input (nor search one, which could wait behind a waiting writer). */
     int (*progress)(void *arg, uint64_t done, uint64_t total);
     void *progress_arg;
+    /* The output's quantizer, when not NULL: a trained index (it may hold no
+     * rows) of the inputs' dim, metric and quantization; every row whose
+     * input encodes otherwise, the base's included, is encoded anew. NULL:
+     * the base's. Its read lock is held throughout as well. */
+    struct kd_index *quantizer;
 };
 
 /* What a merge did. Progress units: the output's rows four times over (the
@@ -62,11 +67,12 @@ uint64_t kd_merge_row_bytes(uint32_t bits, uint32_t dim);
 /* Merge the live rows of in[0..n) into a new index file at path (written
  * atomically: a temporary file renamed over path). All inputs must share
  * dim, metric, quantization and m, and no id may be live in two of them
- * (-EINVAL, -EEXIST). The output takes the base's parameters and quantizer;
- * a search code is copied from its input when that input's quantizer equals
- * the base's, and encoded anew from the float32 vector otherwise. Its rows
- * are the base's live rows in row order, then each other input's in turn.
- * Each input's read lock is held throughout. rep may be NULL. */
+ * (-EINVAL, -EEXIST). The output takes the base's parameters and quantizer
+ * (or mp->quantizer's); a search code is copied from its input when that
+ * input's quantizer equals the output's, and encoded anew from the float32
+ * vector otherwise. Its rows are the base's live rows in row order, then
+ * each other input's in turn. Each input's read lock is held throughout.
+ * rep may be NULL. */
 int kd_merge(const char *path, struct kd_index **in, size_t n, const struct kd_merge_params *mp,
              struct kd_merge_report *rep);
 

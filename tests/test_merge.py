@@ -7,6 +7,7 @@ the largest input (whose graph is reused) lost 30% of its rows and when its
 build codes have only 4 bits a dimension. A merge is all or nothing: a
 cancelled or failed one leaves no file behind.
 """
+import filecmp
 import os
 
 import numpy as np
@@ -271,10 +272,9 @@ def test_beam_over_search_codes_past_the_cache(metric, bits_budget, cache_bytes,
     assert got["beam"][1] >= got["build codes"][1] - 0.02, got
 
 
-@pytest.mark.parametrize("metric", ["l2", "cosine"])   # cosine: encoded at unit length
-def test_quantizer_mismatch_reencodes(metric, tmp_path):
-    """A segment with a quantizer of its own: its codes are encoded anew with
-    the base's, exactly as an index adopting the base's quantizer encodes."""
+def own_quantizers(metric):
+    """6,000 vectors in two indexes, each with a quantizer of its own: a
+    holds ids 0..3999, e the rest."""
     x, q = data(6000, seed=9)
     ids = np.arange(6000, dtype=np.int64)
     a = kd.Index(DIM, metric)
@@ -282,24 +282,61 @@ def test_quantizer_mismatch_reencodes(metric, tmp_path):
     e = kd.Index(DIM, metric, seed=17)
     e.add(x[4000:], ids[4000:])
     assert not e._core.same_quantizer(a._core)
+    return x, q, ids, a, e
+
+
+def codes_by_id(path, n):
+    """Row orders differ (each add inserts its calibration queries last)."""
+    return codes_section(path, n)[np.argsort(ids_section(path))]
+
+
+def assert_searches_its_rows(path, x, q, metric):
+    out = kd.open(path)
+    assert recall(out, q, brute_force(x, q, 10, metric)[1]) >= 0.95
+    D, I = out.search(q, 10, exact=True)
+    assert_exact_match(D, I, x, q, metric)
+    return out
+
+
+@pytest.mark.parametrize("metric", ["l2", "cosine"])   # cosine: encoded at unit length
+def test_quantizer_mismatch_reencodes(metric, tmp_path):
+    """A segment with a quantizer of its own: its codes are encoded anew with
+    the base's, exactly as an index adopting the base's quantizer encodes."""
+    x, q, ids, a, e = own_quantizers(metric)
     path = tmp_path / "out.kdx"
     r = _core.merge(str(path), [e._core, a._core])
     assert r["base"] == 1 and r["codes_reencoded"] == 2000
-    twin = segment(a, x[4000:], ids[4000:])
-    twin.save(tmp_path / "twin.kdx")
+    segment(a, x[4000:], ids[4000:]).save(tmp_path / "twin.kdx")
     a.save(tmp_path / "a.kdx")
-    codes = codes_section(path, 6000)
-    assert np.array_equal(codes[:4000], codes_section(tmp_path / "a.kdx", 4000))
-    # Row orders differ (each add inserts its calibration queries last): by id.
-    by_id = np.argsort(ids_section(path)[4000:])
-    twin_by_id = np.argsort(ids_section(tmp_path / "twin.kdx"))
-    assert np.array_equal(codes[4000:][by_id],
-                          codes_section(tmp_path / "twin.kdx", 2000)[twin_by_id])
-    out = kd.open(path)
-    truth = brute_force(x, q, 10, metric)[1]
-    assert recall(out, q, truth) >= 0.95
-    D, I = out.search(q, 10, exact=True)
-    assert_exact_match(D, I, x, q, metric)
+    assert np.array_equal(codes_section(path, 6000)[:4000],
+                          codes_section(tmp_path / "a.kdx", 4000))
+    assert np.array_equal(codes_by_id(path, 6000)[4000:],
+                          codes_by_id(tmp_path / "twin.kdx", 2000))
+    assert_searches_its_rows(path, x, q, metric)
+
+
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_the_callers_quantizer_encodes_every_row(metric, tmp_path):
+    """quantizer=: the output takes that quantizer, and every row of an
+    input that encodes otherwise, the base's included, is encoded anew with
+    it, exactly as an index adopting it encodes; the base's graph is kept."""
+    x, q, ids, a, e = own_quantizers(metric)
+    fine = kd.Index(DIM, metric, seed=23)
+    fine._core.train(np.ascontiguousarray(x[::2]))
+    assert fine.info()["centres"] == 46 and a.info()["centres"] == 62
+    path = tmp_path / "out.kdx"
+    r = _core.merge(str(path), [e._core, a._core], quantizer=fine._core)
+    assert r["base"] == 1 and r["rows_reused"] == 4000 and r["codes_reencoded"] == 6000
+    segment(fine, x, ids).save(tmp_path / "twin.kdx")
+    assert np.array_equal(codes_by_id(path, 6000), codes_by_id(tmp_path / "twin.kdx", 6000))
+    out = assert_searches_its_rows(path, x, q, metric)
+    assert out._core.same_quantizer(fine._core) and out.info()["centres"] == 46
+    # An input's own quantizer as the caller's: as without one.
+    again = _core.merge(str(tmp_path / "again.kdx"), [e._core, a._core], quantizer=a._core,
+                        threads=1)
+    assert again["codes_reencoded"] == 2000
+    _core.merge(str(tmp_path / "plain.kdx"), [e._core, a._core], threads=1)
+    assert filecmp.cmp(tmp_path / "again.kdx", tmp_path / "plain.kdx", shallow=False)
 
 
 def test_single_input_without_removals_keeps_its_graph(tmp_path):
@@ -445,6 +482,16 @@ def test_bad_arguments(tmp_path):
     c.close()
     with pytest.raises(ValueError, match="closed"):
         _core.merge(path, [a._core, c._core])
+    with pytest.raises(ValueError, match="closed"):
+        _core.merge(path, [a._core], quantizer=c._core)
+    with pytest.raises(TypeError, match="quantizer must be"):
+        _core.merge(path, [a._core], quantizer=a)
+    with pytest.raises(ValueError, match="not trained"):
+        _core.merge(path, [a._core], quantizer=kd.Index(DIM)._core)
+    for other in (kd.Index(32), kd.Index(DIM, "ip"), kd.Index(DIM, quantization="4bit")):
+        other._core.train(kd.datasets.clustered(500, other.dim, seed=3))
+        with pytest.raises(ValueError, match="quantizer .* does not fit its inputs"):
+            _core.merge(path, [a._core], quantizer=other._core)
     assert os.listdir(tmp_path) == []
     a.search(x[:2], 3)                            # inputs are left usable
     a.remove([7])

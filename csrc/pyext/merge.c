@@ -1,7 +1,8 @@
 /* knndirect._core.merge(path, indexes, threads=0, memory_budget=0, seed=0,
- * progress=None) -> dict: the live vectors of several indexes written as
- * one index file (csrc/merge.h). The GIL is released for the merge and
- * taken back only to call progress. */
+ * progress=None, quantizer=None) -> dict: the live vectors of several
+ * indexes written as one index file (csrc/merge.h), encoded with the
+ * quantizer of `quantizer` (an index) where one is given. The GIL is
+ * released for the merge and taken back only to call progress. */
 #include "pyext.h"
 #include "common.h"
 #include "merge.h"
@@ -66,22 +67,31 @@ static int merge_nogil(const char *path, struct kd_index **ix, size_t n,
 
 PyObject *kd_mod_merge(PyObject *mod, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"path", "indexes",  "threads", "memory_budget",
-                            "seed", "progress", NULL};
-    PyObject *pathobj, *seq = NULL, *indexes, *progress = Py_None, *result = NULL;
+    static char *names[] = {"path", "indexes",  "threads",   "memory_budget",
+                            "seed", "progress", "quantizer", NULL};
+    PyObject *pathobj, *seq = NULL, *indexes, *progress = Py_None, *quantizer = Py_None,
+                       *result = NULL;
     unsigned int threads = 0;
     unsigned long long budget = 0, seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O|IKKO", names, PyUnicode_FSConverter, &pathobj,
-                                     &indexes, &threads, &budget, &seed, &progress))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O|IKKOO", names, PyUnicode_FSConverter, &pathobj,
+                                     &indexes, &threads, &budget, &seed, &progress, &quantizer))
         return NULL;
     struct kd_index **ix = NULL;
     Py_ssize_t n = 0, entered = 0;
     struct py_progress pp = {progress == Py_None ? NULL : progress, NULL, NULL, NULL, 0};
-    struct kd_merge_params mp = {threads, budget, seed, call_progress, &pp};
+    struct kd_merge_params mp = {threads, budget, seed, call_progress, &pp, NULL};
     struct kd_merge_report rep;
     if (progress != Py_None && !PyCallable_Check(progress)) {
         PyErr_SetString(PyExc_TypeError, "progress must be None or a callable(done, total)");
         goto out;
+    }
+    if (quantizer != Py_None) {
+        if (!PyObject_TypeCheck(quantizer, &KdIndexType)) {
+            PyErr_SetString(PyExc_TypeError, "quantizer must be None or a knndirect._core.Index");
+            goto out;
+        }
+        if (!(mp.quantizer = kd_py_enter((KdIndexObject *)quantizer)))
+            goto out;
     }
     if (!(seq = PySequence_Fast(indexes, "indexes must be a sequence of knndirect._core.Index")))
         goto out;
@@ -115,6 +125,8 @@ PyObject *kd_mod_merge(PyObject *mod, PyObject *args, PyObject *kw)
 out:
     for (Py_ssize_t i = 0; i < entered; i++)
         kd_py_leave((KdIndexObject *)PySequence_Fast_GET_ITEM(seq, i));
+    if (mp.quantizer)
+        kd_py_leave((KdIndexObject *)quantizer);
     PyMem_Free(ix);
     Py_XDECREF(seq);
     Py_DECREF(pathobj);

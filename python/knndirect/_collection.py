@@ -737,6 +737,16 @@ class Collection:
         self._segments.append(seg)
         self._buffer = None
         self._publish()
+        self._refit_if_outgrown()
+
+    def _refit_if_outgrown(self):
+        """A quantizer with fewer centres than one fitted on half the live
+        vectors would have (a small first commit) estimates coarsely for
+        every later row: a new one is fitted on a sample of them, once per
+        doubling at most, which later segments take and merges re-encode
+        to."""
+        if self._quantizer is not None and not self._quantizer._quantizer_fits(len(self)):
+            self._fit_quantizer(self._live_sample())
 
     def remove(self, ids):
         """Remove ids: gone from searches at once, durable at the next commit.
@@ -853,29 +863,38 @@ class Collection:
         drifted: on sample (an (n, dim) array), else on up to 16384 live
         vectors drawn at random. The write buffer is flushed first; segments
         written from now on use the new quantizer, and merges re-encode the
-        codes of older segments with it. Durable at the next commit."""
+        codes of older segments with it. Durable at the next commit. (A
+        flush refits the same way by itself when the live count has outgrown
+        the quantizer.)"""
         with self._state:
             self._check_writable()
             if sample is None:
-                ids = self.ids()
-                if ids.size == 0:
+                if len(self) == 0:
                     raise ValueError("the collection is empty: pass a sample to refit on")
-                rng = np.random.default_rng(self._generation)
-                pick = np.sort(rng.choice(ids, min(ids.size, TRAIN_SAMPLE), replace=False))
-                x = self.get_vectors(pick)
+                x = self._live_sample()
             else:
                 x = _as_matrix(sample, self._dim, "sample")
                 if x.shape[0] == 0:
                     raise ValueError("sample holds no vectors")
             self._flush()
-            p = self._params
-            q = Index(self._dim, p["metric"], m=p["m"], ef_construction=p["ef_construction"],
-                      quantization=p["quantization"], seed=p["seed"])
-            q._core.train(_float32(x))
-            self._quantizer = q
-            self._trained_rows = x.shape[0]
-            self._pending_quantizer = True
-            self._changed = True
+            self._fit_quantizer(x)
+
+    def _live_sample(self):
+        """Up to TRAIN_SAMPLE live vectors drawn at random."""
+        ids = self.ids()
+        rng = np.random.default_rng(self._generation)
+        return self.get_vectors(np.sort(rng.choice(ids, min(ids.size, TRAIN_SAMPLE),
+                                                   replace=False)))
+
+    def _fit_quantizer(self, x):
+        p = self._params
+        q = Index(self._dim, p["metric"], m=p["m"], ef_construction=p["ef_construction"],
+                  quantization=p["quantization"], seed=p["seed"])
+        q._core.train(_float32(x))
+        self._quantizer = q
+        self._trained_rows = x.shape[0]
+        self._pending_quantizer = True
+        self._changed = True
 
     # -- merging -------------------------------------------------------------
     def merge(self, max_segments=1, *, threads=None, progress=None) -> int:
@@ -926,6 +945,9 @@ class Collection:
                 return   # a stale plan: an input was merged or rolled back meanwhile
             snapshot = [(s, s.removed.copy()) for s in inputs]
             tune = self._tune
+            # The output takes the collection's quantizer, re-encoding rows
+            # an older (or coarser) one encoded.
+            quantizer = None if self._quantizer is None else self._quantizer._core
             name = _seg_name(self._new_file_number())
             handles = []
             for s, removed in snapshot:
@@ -948,7 +970,7 @@ class Collection:
             done = _core.merge(path, [h._core for h in handles],
                                threads=_default(threads, self._threads) or 0,
                                memory_budget=self._memory_budget, seed=self._params["seed"],
-                               progress=step)
+                               progress=step, quantizer=quantizer)
         finally:
             if close is not None:
                 close()

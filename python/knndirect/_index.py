@@ -393,9 +393,9 @@ class Index:
         neighbours' spacing at that count, and a table measured here says
         less of how deep they sit among count vectors."""
         if self._centres is None:
-            info = self._core.info()  # fixed once the first add fitted or adopted it
-            if info["count"] == 0:
-                return True
+            info = self._core.info()  # fixed once fitted or adopted
+            if not info["centres"]:
+                return True           # not fitted: nothing is encoded yet
             self._centres = info["centres"] if info["quantization"].startswith("1bit") else 0
         return not self._centres or self._centres >= _core.quantizer_centres(count // 2)
 

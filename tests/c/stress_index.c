@@ -367,11 +367,13 @@ static int gone(const char *path) { return access(path, F_OK) != 0 && errno == E
 
 /* Merges of an opened index (some rows removed) and an in-memory segment:
  * one that succeeds, then cancels at every progress call, failing reads and
- * writes and a misfit input. No path may leave memory or a file behind. */
+ * writes, one re-encoding every row with the caller's quantizer (and
+ * failing reads under it), a misfit input and a misfit quantizer. No path
+ * may leave memory or a file behind. */
 static void merge_leaks(const char *from, const float *x, uint32_t dim, size_t n)
 {
     struct kd_open_params op = {1, KD_IO_AUTO, 16, 0};
-    struct kd_index *o = NULL, *seg = NULL, *odd = NULL;
+    struct kd_index *o = NULL, *seg = NULL, *odd = NULL, *fine = NULL;
     struct kd_index_params p = {dim, KD_COSINE, 8, 40, KD_Q_1BIT, 7};
     int64_t ids[300], gone_ids[200];
     for (int i = 0; i < 300; i++)
@@ -421,6 +423,18 @@ static void merge_leaks(const char *from, const float *x, uint32_t dim, size_t n
         kd_fault_arm(KD_FAULT_NONE, 0, 0);
         CHECK(e < 0 && gone(path), "merge with a failing write: %d", e);
     }
+    if (!err && kd_index_create(&fine, &p) == 0 && kd_index_train(fine, x, 300) == 0) {
+        mp.quantizer = fine;
+        CHECK(kd_merge(path, in, 2, &mp, &rep) == 0 && rep.codes_reencoded == rep.rows_written,
+              "merge with the caller's quantizer");
+        unlink(path);
+        kd_fault_arm(KD_FAULT_READ_EIO, 0, -1);
+        int e = kd_merge(path, in, 2, &mp, &rep);
+        kd_fault_arm(KD_FAULT_NONE, 0, 0);
+        CHECK(e < 0 && gone(path), "re-encoding merge with failing reads: %d", e);
+        mp.quantizer = NULL;
+    }
+    kd_index_free(fine);
     if (!err && kd_index_create(&odd, &p) == 0 && kd_index_adopt_quantizer(odd, o) == 0) {
         int64_t twice = 1001; /* live in o as well: refused before anything is written */
         CHECK(kd_index_add(odd, x, 1, &twice, 1) == 0, "add");
@@ -435,6 +449,9 @@ static void merge_leaks(const char *from, const float *x, uint32_t dim, size_t n
         CHECK(kd_merge(path, bad, 3, &mp, &rep) == -EINVAL && gone(path), "misfit input");
         bad[2] = o;
         CHECK(kd_merge(path, bad, 3, &mp, &rep) == -EINVAL, "an input twice");
+        mp.quantizer = odd;
+        CHECK(kd_merge(path, in, 2, &mp, &rep) == -EINVAL && gone(path), "misfit quantizer");
+        mp.quantizer = NULL;
     }
     kd_index_free(odd);
     kd_index_free(seg);
