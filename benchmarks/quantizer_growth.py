@@ -9,6 +9,10 @@ once on all the rows (its quantizer fitted on 16,384 of them).
 
     python benchmarks/quantizer_growth.py [--n 40000] [--commit 2500]
         [--dim 64] [--seeds 2] [--metrics l2,ip,cosine] [--workdir DIR]
+        [--set clustered-100k-384]
+
+--set takes the first n vectors of a named set of benchmarks/bench_data.py
+(or a user file) and its queries instead (--dim is then the set's).
 
 For an A/B against another build, run it with PYTHONPATH pointing at that
 build's python/ directory.
@@ -22,6 +26,8 @@ import time
 import numpy as np
 
 import knndirect as kd
+
+import bench_data  # this script's directory
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "tests"))
@@ -38,11 +44,19 @@ def main():
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--metrics", default="l2,ip,cosine")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--set", default=None, help="a named set of bench_data.py, or a file")
     args = ap.parse_args()
-    base = clustered(args.n + 1000, args.dim, 4200)[:args.n]
-    fresh = clustered(args.n + 4000, args.dim, 4200)[args.n:]
-    print(f"knndirect from {os.path.dirname(kd.__file__)}; {args.n} x {args.dim} in commits "
-          f"of {args.commit}, merged to one segment; {args.seeds} seeds")
+    if args.set:
+        ds = bench_data.resolve(args.set).to_json()
+        base = bench_data.load_base(ds)[:args.n]
+        fresh = bench_data.load_queries(ds)
+        args.dim = base.shape[1]
+    else:
+        base = clustered(args.n + 1000, args.dim, 4200)[:args.n]
+        fresh = clustered(args.n + 4000, args.dim, 4200)[args.n:]
+    print(f"knndirect from {os.path.dirname(kd.__file__)}; {args.set or 'clustered'}: "
+          f"{base.shape[0]} x {args.dim} in commits of {args.commit}, merged to one segment; "
+          f"{fresh.shape[0]} queries; {args.seeds} seeds")
     cols = ["metric", "built as", "centres (quantizer, segment)", "build s"]
     cols += [f"ef {e}, os {o}" for e, o in POINTS] + ["default recall", "default ef/os"]
     print("| " + " | ".join(cols) + " |")

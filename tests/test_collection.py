@@ -475,12 +475,13 @@ def test_an_outgrown_quantizer_is_refitted(tmp_path):
         col.commit()
         seen.append(col._quantizer.info()["centres"])
     assert seen == [31, 31, 93, 93, 93, 93, 218, 218, 218, 218]
-    assert [s.index.info()["centres"] for s in col._segments] == [31] * 3 + [93] * 4 + [218] * 3
+    assert [s["centres"] for s in col.segments()] == [31] * 3 + [93] * 4 + [218] * 3
     assert kd.load(tmp_path / "col" / col._doc["quantizer"]).info()["centres"] == 218
     col.merge()
     assert col.info()["last_merge"]["codes_reencoded"] == 14000
     (merged,) = col._segments
     assert merged.index._core.same_quantizer(col._quantizer._core)
+    assert col.segments()[0]["centres"] == 218
     whole = kd.Index(64)
     whole.add(x)
     truth = ground_truth(x, q, 10)[0]

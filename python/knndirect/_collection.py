@@ -1223,11 +1223,13 @@ class Collection:
         """One dict per segment: name, count (records in the file), live,
         bytes (file size), removed (ids removed since it was written),
         committed, calibration (the source of its recall table: "build",
-        "hidden", "tune", or None)."""
+        "hidden", "tune", or None), centres (its quantizer's, as
+        Index.info() gives them)."""
         with self._state:
             return [{"name": s.name, "count": s.count, "live": s.live(), "bytes": s.bytes,
                      "removed": int(s.removed.size), "committed": not s.dirty,
-                     "calibration": s.index._cal and s.index._cal["source"]}
+                     "calibration": s.index._cal and s.index._cal["source"],
+                     "centres": s.index.info()["centres"]}
                     for s in self._segments]
 
     def info(self) -> dict:
