@@ -490,6 +490,32 @@ def test_an_outgrown_quantizer_is_refitted(tmp_path):
     assert got[0] >= got[1] - 0.02, got
 
 
+def test_a_failed_refit_fails_no_write(tmp_path):
+    """Reads of the refit's sample fail (the fault hook): the commit that
+    outgrew the quantizer still lands, with a warning, the quantizer stays,
+    and the next flush refits it."""
+    x = clustered(8000, 64, seed=4200)
+    col = kd.Collection.create(tmp_path / "col", 64, merge_policy=None)
+    for start in (0, 2000):
+        col.add(x[start:start + 2000])
+        col.commit()
+    col.add(x[4000:6000])
+    kd._core._inject_fault("eio", count=-1)
+    try:
+        with pytest.warns(RuntimeWarning, match="could not refit the outgrown quantizer"):
+            gen = col.commit()
+    finally:
+        failed = kd._core._inject_fault("none")[0]
+    assert failed > 0 and len(col) == 6000 and col.info()["pending"] is False
+    assert col._quantizer.info()["centres"] == 31
+    with kd.Collection.open(tmp_path / "col") as reader:
+        assert reader.generation == gen and len(reader) == 6000
+    col.add(x[6000:])
+    col.commit()
+    assert col._quantizer.info()["centres"] == 125
+    col.close()
+
+
 def test_cli_builds_a_collection_in_chunks(tmp_path):
     allv = clustered(6050, DIM, seed=31)
     x, q = allv[:6000], allv[6000:]

@@ -744,9 +744,17 @@ class Collection:
         vectors would have (a small first commit) estimates coarsely for
         every later row: a new one is fitted on a sample of them, once per
         doubling at most, which later segments take and merges re-encode
-        to."""
-        if self._quantizer is not None and not self._quantizer._quantizer_fits(len(self)):
-            self._fit_quantizer(self._live_sample())
+        to. A refit that fails (reading the sample) fails no write: the
+        quantizer stays, with a warning, and the next flush tries again."""
+        if self._quantizer is None or self._quantizer._quantizer_fits(len(self)):
+            return
+        try:
+            sample = self._live_sample()
+        except (OSError, ValueError, KeyError) as e:
+            warnings.warn(f"could not refit the outgrown quantizer of {self._path}, kept it: "
+                          f"{e!r}", RuntimeWarning, stacklevel=4)
+            return
+        self._fit_quantizer(sample)
 
     def remove(self, ids):
         """Remove ids: gone from searches at once, durable at the next commit.
