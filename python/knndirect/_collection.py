@@ -674,9 +674,7 @@ class Collection:
 
     def _writable_buffer(self):
         if self._buffer is None:
-            p = self._params
-            buf = Index(self._dim, p["metric"], m=p["m"], ef_construction=p["ef_construction"],
-                        quantization=p["quantization"], seed=p["seed"])
+            buf = self._empty_index()
             if self._quantizer is not None:
                 buf._core.adopt_quantizer(self._quantizer._core)
             self._buffer = buf
@@ -684,11 +682,15 @@ class Collection:
             self._publish()
         return self._buffer
 
+    def _empty_index(self):
+        """A new in-memory Index with the collection's parameters."""
+        p = self._params
+        return Index(self._dim, p["metric"], m=p["m"], ef_construction=p["ef_construction"],
+                     quantization=p["quantization"], seed=p["seed"])
+
     def _adopt_buffer_quantizer(self, buf):
         """The first vectors fit the collection's one quantizer."""
-        p = self._params
-        q = Index(self._dim, p["metric"], m=p["m"], ef_construction=p["ef_construction"],
-                  quantization=p["quantization"], seed=p["seed"])
+        q = self._empty_index()
         q._core.adopt_quantizer(buf._core)
         self._quantizer = q
         self._pending_quantizer = True
@@ -699,9 +701,7 @@ class Collection:
         once, before anything is encoded with it on disk."""
         ids = _live_ids(buf)
         x = buf.get_vectors(ids)
-        p = self._params
-        fresh = Index(self._dim, p["metric"], m=p["m"], ef_construction=p["ef_construction"],
-                      quantization=p["quantization"], seed=p["seed"])
+        fresh = self._empty_index()
         fresh.add(x, ids, threads=self._threads or None)
         self._buffer = fresh
         self._buffer_rows = len(fresh)
@@ -895,9 +895,7 @@ class Collection:
                                                    replace=False)))
 
     def _fit_quantizer(self, x):
-        p = self._params
-        q = Index(self._dim, p["metric"], m=p["m"], ef_construction=p["ef_construction"],
-                  quantization=p["quantization"], seed=p["seed"])
+        q = self._empty_index()
         q._core.train(_float32(x))
         self._quantizer = q
         self._trained_rows = x.shape[0]
