@@ -109,7 +109,7 @@ def cost_check(index, queries, truth, k, ef):
     knndirect/_calibration.py), measured here on one thread: nanoseconds
     per code distance of the graph search, and per re-scored row in RAM."""
     q = np.ascontiguousarray(queries)
-    _, _, scored, _, _ = index._core.recall_sweep(q, None, np.ascontiguousarray(
+    _, _, scored, *_ = index._core.recall_sweep(q, None, np.ascontiguousarray(
         truth[:, :k], np.int64).ravel(), k, ef, np.array([k], np.int64), 1)
     index.stats(reset=True)
     index.search(q, k, ef=ef, oversample=1, rerank=False, threads=1)
@@ -296,6 +296,7 @@ def main(argv=None):
             log(f"no memory cgroup ({e}): disk runs uncapped")
     else:
         log("NOT root: no memory cap and no page-cache drops")
+    (HERE / "data").mkdir(exist_ok=True)  # a fresh checkout has no cache yet
     scratch = Path(tempfile.mkdtemp(prefix="kd-recall-idx-", dir=str(HERE / "data")))
     try:
         for spec in [s for s in args.sets.split(",") if s]:

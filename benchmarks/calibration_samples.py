@@ -77,8 +77,8 @@ def main():
         q = pool[s * most:(s + 1) * most]
         for way, (n, stage) in {"one": (first, None), "staged": (most, first),
                                 "all": (most, None)}.items():
-            def truth_of(lo, hi, q=q):
-                return index.search(q[lo:hi], k, exact=True, threads=args.threads)[1]
+            def truth_of(lo, hi, depth, q=q):
+                return index.search(q[lo:hi], depth, exact=True, threads=args.threads)[1]
 
             t = time.perf_counter()
             cal = cal_mod.measure(core, q[:n], truth_of, k, threads=args.threads, first=stage)

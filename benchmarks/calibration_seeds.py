@@ -4,7 +4,7 @@ builds), measured on 4,000 fresh queries of the same distribution.
 
     python benchmarks/calibration_seeds.py [--seeds 8] [--steps 1,1.5,2,3,...]
         [--quantization 1bit+4bit] [--n 2000] [--dim 64] [--grow 1.9]
-        [--segments 4 [--refit] [--bound]] [--unstretched]
+        [--segments 4 [--refit] [--bound]] [--unstretched] [--depth-bound]
 
 --n takes the first n vectors of the same distribution instead (small
 indexes: their table is measured on n less the held-out queries); --dim
@@ -27,7 +27,10 @@ quantizer is too coarse for the stretch, for an A/B.
 
 recall= targets are read from the table stretched for the vectors added
 since it was measured (the held-out queries, then adds);
---unstretched reads them from the table as measured, for an A/B.
+--unstretched reads them from the table as measured, for an A/B. The
+stretch reads a shortlist of L at L / growth ** depth, with the depth each
+table measures on a random half of its rows; --depth-bound takes the bound
+0.5 instead (as tables measured before the depth was), for an A/B.
 
 --steps replaces the table's shortlist lengths (multiples of k) for an A/B
 of the ladder; the default is the library's own. For each metric it prints
@@ -71,11 +74,15 @@ def main():
                     help="--segments: recall= takes the default's bound, not the stretch")
     ap.add_argument("--unstretched", action="store_true",
                     help="recall= picks from the table as measured (no growth since)")
+    ap.add_argument("--depth-bound", action="store_true",
+                    help="stretch by the bound sqrt(growth), not the measured depth")
     ap.add_argument("--workdir", default=None, help="where --segments writes (a temp dir)")
     args = ap.parse_args()
     if args.unstretched:
         _calibration.choose_grown = lambda cal, target, k, growth: _calibration.choose(
             cal, target, k)
+    if args.depth_bound:
+        _calibration.depth_exponent = lambda rows, lens: None
     if args.bound:
         kd.Index._quantizer_fits = lambda self, count: False
     if args.grow is not None and not 1 < args.grow < 2:

@@ -8,10 +8,12 @@
 #include <string.h>
 
 /* Sums over queries: per shortlist length, hits and each query's recall
- * (and its square); per query, the rest. */
+ * (and its square); per query, the rest. The half's: per length, hits and
+ * the queries whose shortlist it outran. */
 struct sweep_sums {
     uint64_t *hits, truths, queries, scored, refined;
     double *sum, *sum2;
+    uint64_t *half_hits, *half_cut, half_truths;
 };
 
 struct sweep_run {
@@ -21,12 +23,46 @@ struct sweep_run {
     struct kd_first_error fe;
     pthread_mutex_t lock; /* guards t */
     struct sweep_sums t;
+    struct kd_filter half; /* sw->half_ids as rows; allowed NULL: none */
 };
 
-/* Per worker: the query's true neighbours, as rows. */
+/* Per worker: the query's true neighbours, and those within the half, as
+ * rows. */
 struct sweep_worker {
-    uint32_t *truth;
+    uint32_t *truth, *half_truth;
 };
+
+static int sums_alloc(struct sweep_sums *t, size_t nl)
+{
+    memset(t, 0, sizeof *t);
+    t->hits = calloc(nl, sizeof *t->hits);
+    t->sum = calloc(nl, sizeof *t->sum);
+    t->sum2 = calloc(nl, sizeof *t->sum2);
+    t->half_hits = calloc(nl, sizeof *t->half_hits);
+    t->half_cut = calloc(nl, sizeof *t->half_cut);
+    return t->hits && t->sum && t->sum2 && t->half_hits && t->half_cut ? 0 : -ENOMEM;
+}
+
+static void sums_free(struct sweep_sums *t)
+{
+    free(t->hits);
+    free(t->sum);
+    free(t->sum2);
+    free(t->half_hits);
+    free(t->half_cut);
+}
+
+/* The rows of a query's ids that are live: how many, into rows. */
+static size_t truth_rows(const struct kd_index *ix, const int64_t *ids, size_t k, uint32_t *rows)
+{
+    size_t n = 0;
+    for (size_t j = 0; j < k; j++) {
+        uint32_t row = ids[j] < 0 ? KD_NO_ROW : kd_idmap_get(&ix->idmap, ids[j]);
+        if (row != KD_NO_ROW)
+            rows[n++] = row;
+    }
+    return n;
+}
 
 static int in_truth(uint32_t row, const uint32_t *truth, size_t nt)
 {
@@ -59,13 +95,9 @@ static int sweep_query(struct sweep_run *r, struct kd_search_ctx *c, struct swee
         if (hidden == KD_NO_ROW)
             return kd_fail(-ESRCH, "id %lld is not in the index", (long long)sw->hidden[i]);
     }
-    size_t nt = 0;
-    for (size_t j = 0; j < k; j++) {
-        int64_t id = sw->truth[i * k + j];
-        uint32_t row = id < 0 ? KD_NO_ROW : kd_idmap_get(&ix->idmap, id);
-        if (row != KD_NO_ROW)
-            w->truth[nt++] = row;
-    }
+    size_t nt = truth_rows(ix, sw->truth + i * k, k, w->truth);
+    const uint8_t *half = r->half.allowed;
+    size_t nh = half ? truth_rows(ix, sw->half_truth + i * k, k, w->half_truth) : 0;
     if (hidden == ix->graph.entry || nt == 0)
         return 0; /* left out */
     /* The oversample whose shortlist is `most` rows, clipped below. */
@@ -84,14 +116,24 @@ static int sweep_query(struct sweep_run *r, struct kd_search_ctx *c, struct swee
      * than k vectors are closer than it): the rerank of a prefix finds
      * exactly the true neighbours it holds, and none need be read or
      * rescored. */
-    size_t hits = 0, l = 0;
+    size_t hits = 0, l = 0, half_hits = 0, half_seen = 0, hl = 0;
     for (size_t j = 0; j < n; j++) {
         hits += in_truth(res[j].row, w->truth, nt);
         for (; l < sw->nlens && sw->lens[l] == j + 1; l++)
             count_hits(t, l, hits, nt);
+        if (nh && half[res[j].row]) {
+            half_hits += in_truth(res[j].row, w->half_truth, nh);
+            for (half_seen++; hl < sw->nlens && sw->lens[hl] == half_seen; hl++)
+                t->half_hits[hl] += half_hits;
+        }
     }
     for (; l < sw->nlens; l++)
         count_hits(t, l, hits, nt); /* lengths past what the beam scored */
+    for (; nh && hl < sw->nlens; hl++) {
+        t->half_hits[hl] += half_hits;
+        t->half_cut[hl] += n == most; /* a full shortlist: the half's went on */
+    }
+    t->half_truths += nh;
     t->truths += nt;
     t->queries++;
     return 0;
@@ -103,10 +145,10 @@ static void *sweep_worker(void *arg)
     struct kd_index *ix = r->ix;
     size_t nl = r->sw->nlens;
     struct kd_search_ctx *c = kd_search_ctx_get(ix);
-    struct sweep_worker w = {malloc(r->sw->k * sizeof *w.truth)};
-    struct sweep_sums t = {calloc(nl, sizeof *t.hits), 0, 0, 0, 0, calloc(nl, sizeof *t.sum),
-                           calloc(nl, sizeof *t.sum2)};
-    int err = c && t.hits && t.sum && t.sum2 && w.truth
+    struct sweep_worker w = {malloc(r->sw->k * sizeof *w.truth),
+                             malloc(r->sw->k * sizeof *w.half_truth)};
+    struct sweep_sums t;
+    int err = !sums_alloc(&t, nl) && c && w.truth && w.half_truth
                   ? 0
                   : kd_fail(-ENOMEM, "out of memory for a calibration");
     while (!err && !kd_first_error_set(&r->fe)) {
@@ -121,7 +163,10 @@ static void *sweep_worker(void *arg)
         r->t.hits[l] += t.hits[l];
         r->t.sum[l] += t.sum[l];
         r->t.sum2[l] += t.sum2[l];
+        r->t.half_hits[l] += t.half_hits[l];
+        r->t.half_cut[l] += t.half_cut[l];
     }
+    r->t.half_truths += t.half_truths;
     r->t.truths += t.truths;
     r->t.queries += t.queries;
     r->t.scored += t.scored;
@@ -132,9 +177,8 @@ static void *sweep_worker(void *arg)
         kd_search_ctx_put(ix, c);
     }
     free(w.truth);
-    free(t.hits);
-    free(t.sum);
-    free(t.sum2);
+    free(w.half_truth);
+    sums_free(&t);
     return NULL;
 }
 
@@ -148,33 +192,41 @@ int kd_index_recall_sweep(struct kd_index *ix, struct kd_sweep *sw)
     int err = kd_check_finite(sw->q, sw->nq, ix->p.dim, "query");
     if (err)
         return err;
+    if (sw->half_ids && !sw->half_truth)
+        return kd_fail(-EINVAL, "a calibration over half the rows needs their truth");
     struct sweep_run r = {ix, sw, 0, KD_FIRST_ERROR_INIT, PTHREAD_MUTEX_INITIALIZER};
-    r.t.hits = calloc(sw->nlens, sizeof *r.t.hits);
-    r.t.sum = calloc(sw->nlens, sizeof *r.t.sum);
-    r.t.sum2 = calloc(sw->nlens, sizeof *r.t.sum2);
-    if (!r.t.hits || !r.t.sum || !r.t.sum2) {
+    if (sums_alloc(&r.t, sw->nlens)) {
         err = kd_fail(-ENOMEM, "out of memory for a calibration");
         goto out;
     }
+    struct kd_search_params half = {0};
+    half.filter = sw->half_ids;
+    half.nfilter = sw->nhalf;
     pthread_rwlock_rdlock(&ix->lock);
-    if (ix->graph.entry != KD_NONE && sw->nq) {
+    err = kd_filter_build(ix, &half, &r.half);
+    if (!err && ix->graph.entry != KD_NONE && sw->nq) {
         unsigned threads = kd_resolve_threads(sw->threads);
         kd_run_workers(sweep_worker, &r, threads < sw->nq ? threads : (unsigned)sw->nq);
     }
     pthread_rwlock_unlock(&ix->lock);
+    kd_filter_free(&r.half);
+    if (err)
+        goto out;
     err = kd_first_error_take(&r.fe);
     double nq = (double)r.t.queries;
     for (size_t l = 0; l < sw->nlens; l++) {
         sw->recall[l] = r.t.truths ? (double)r.t.hits[l] / (double)r.t.truths : 1.0;
         double mean = nq ? r.t.sum[l] / nq : 0, var = nq ? r.t.sum2[l] / nq - mean * mean : 0;
         sw->spread[l] = var > 0 ? sqrt(var) : 0;
+        if (sw->half_ids)
+            sw->half_recall[l] = r.t.half_cut[l] || !r.t.half_truths
+                                     ? NAN
+                                     : (double)r.t.half_hits[l] / (double)r.t.half_truths;
     }
     sw->scored = nq ? (double)r.t.scored / nq : 0;
     sw->refined = nq ? (double)r.t.refined / nq : 0;
     sw->nqueries = (size_t)r.t.queries;
 out:
-    free(r.t.hits);
-    free(r.t.sum);
-    free(r.t.sum2);
+    sums_free(&r.t);
     return err;
 }

@@ -21,13 +21,23 @@ struct kd_sweep {
      * A query hiding the graph's entry node is left out of nqueries. */
     const int64_t *hidden;
     const int64_t *truth; /* nq x k ids, -1 where a query has fewer */
+    /* Optional: the same searches' shortlists over a subset of the rows
+     * alone (half of them: how much deeper a true neighbour sits with twice
+     * the vectors competing, at the same beam). half_ids: the subset;
+     * half_truth: nq x k ids, each query's true neighbours within it. */
+    const int64_t *half_ids, *half_truth;
+    size_t nhalf;
     size_t k, ef;
     const uint32_t *lens; /* shortlist lengths, ascending, each >= k */
     size_t nlens;
     unsigned threads; /* 0: all cores */
     /* out */
-    double *recall;  /* nlens: true neighbours found / true neighbours */
-    double *spread;  /* nlens: standard deviation of a query's recall */
+    double *recall; /* nlens: true neighbours found / true neighbours */
+    double *spread; /* nlens: standard deviation of a query's recall */
+    /* nlens, with half_ids: recall of the subset's shortlists (its rows
+     * among the longest shortlist, in order); NaN at a length that some
+     * query's full shortlist held too few of them to fill. */
+    double *half_recall;
     double scored;   /* code distances the graph search computed, mean per query */
     double refined;  /* candidates re-estimated with refinements, mean per query */
     size_t nqueries; /* queries measured (with a true neighbour, not left out) */

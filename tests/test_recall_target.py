@@ -55,7 +55,8 @@ def test_more_queries_where_the_table_is_unsure(built):
     core, k = index._core, K
 
     def truth_of(q):
-        return lambda lo, hi: core.search(q[lo:hi], k, 0, 0.0, True, True, 0, None)[1]
+        return lambda lo, hi, depth: core.search(q[lo:hi], depth, 0, 0.0, True, True, 0,
+                                                 None)[1]
 
     q = np.ascontiguousarray(queries[:_calibration.MOST_QUERIES])
     staged = _calibration.measure(core, q, truth_of(q), k, first=_calibration.QUERIES)
@@ -362,14 +363,99 @@ def test_sweep_agrees_with_search(built):
     t = np.ascontiguousarray(truth[:300].astype(np.int64))
     lens = np.array([10, 20, 40, 80], np.int64)
     for ef in (12, 40):
-        recall, spread, scored, _, used = index._core.recall_sweep(q, None, t.ravel(), K, ef,
-                                                                lens, 1)
+        recall, spread, scored, _, used, _ = index._core.recall_sweep(q, None, t.ravel(), K,
+                                                                      ef, lens, 1)
         assert used == 300
         for length, r in zip(lens, recall):
             _, ids = index.search(q, K, ef=ef, oversample=length / K)
             per = [len(set(a) & set(b)) / K for a, b in zip(ids, t)]
             assert abs(r - np.mean(per)) <= 3 / (len(q) * K)
         assert (spread >= 0).all() and scored >= ef
+
+
+def test_the_sweep_measures_a_half_on_the_same_searches(built):
+    """Given a subset of the rows and each query's truth within it, the
+    sweep scores the subset's shortlists: its rows among the longest
+    shortlist, in order. All rows with the whole truth give the whole's
+    recall exactly. Half the rows hold a true neighbour of the half less
+    deep (fewer compete), so a short shortlist finds more; lengths that some
+    query's full shortlist could not fill with the half's rows are NaN."""
+    _, _, queries, truth, index = built
+    core = index._core
+    q = np.ascontiguousarray(queries[:300])
+    t = np.ascontiguousarray(truth[:300].astype(np.int64)).ravel()
+    lens = np.array([10, 12, 15, 20, 40, 80], np.int64)
+    live = core.live_ids()
+    whole, *_, same = core.recall_sweep(q, None, t, K, 24, lens, 1, live, t)
+    assert same.tolist() == whole.tolist()
+    half = _calibration.half_of(core)
+    assert abs(len(half) - len(live) / 2) < 4 * math.sqrt(len(live))
+    assert np.isin(half, live).all() and len(np.unique(half)) == len(half)
+    half_truth = core.search(q, K, 0, 0.0, True, True, 0, half)[1]
+    deep = core.search(q, 4 * K, 0, 0.0, True, True, 0, None)[1]
+    # The half's truth read off the whole's 4k nearest: the same, but where
+    # fewer than k of them fall in the half (those are left -1).
+    read = _calibration.within(deep, half, K)
+    short = np.isin(deep, half).sum(axis=1) < K
+    assert (read[~short] == half_truth[~short]).all() and short.sum() <= 2
+    assert ((read[short] == half_truth[short]) | (read[short] == -1)).all()
+    assert np.isin(half_truth, half).all()
+    recall, *_, of_half = core.recall_sweep(q, None, t, K, 24, lens, 1, half, half_truth.ravel())
+    assert recall.tolist() == whole.tolist()  # the whole's is untouched
+    assert np.isnan(of_half[-1]) and not np.isnan(of_half[:4]).any()
+    assert (of_half[:3] > whole[:3]).all()
+    with pytest.raises(ValueError, match="the half's"):
+        core.recall_sweep(q, None, t, K, 24, lens, 1, half, None)
+    with pytest.raises(ValueError, match="the half's"):
+        core.recall_sweep(q, None, t, K, 24, lens, 1, half, half_truth.ravel()[:-1])
+
+
+def test_each_table_measures_its_depth(built):
+    """A build's table carries the depth exponent measured on a random half
+    of its rows: between 0 and 1, and under an inner product, whose top is
+    the end of a projection rather than a ball, below the bound of 0.5 that
+    l2 and cosine sit near. A threads=1 build measures the same one again."""
+    metric, base, _, _, index = built
+    depth = index._cal["depth"]
+    assert index.info()["calibration"]["depth"] == depth
+    assert 0.0 <= depth <= 1.0
+    if metric == "ip":
+        assert depth < 0.3
+    else:
+        assert 0.3 <= depth <= 0.6
+    again = kd.Index(64, metric, seed=7)
+    again.add(base, threads=1)
+    assert again._cal == index._cal
+    again.close()
+
+
+def test_the_depth_fit_recovers_a_known_exponent():
+    """The half's recall at L made to equal the whole's at L * 2 ** e, each
+    a share of what its beam reaches (the half's less: its neighbours lie
+    further out): the fit returns e. A half still rising where its lengths
+    end tells nothing of its reach, and too few rising points give no
+    depth."""
+    lens = np.arange(10, 161, 2, dtype=np.float64)
+
+    def reached(x):  # the share of the reachable neighbours a shortlist holds
+        x = np.minimum(x, 50.0)
+        return 1.0 - (1.0 - x / 50.0) ** 2
+
+    def beam(e, reach, end=80):
+        half = reach * reached(lens * 2.0 ** e)
+        half[lens > end] = np.nan
+        return _calibration._Beam(10, 0.99 * reached(lens), np.zeros(len(lens)), 1.0, 0.0,
+                                  200, half)
+
+    for e in (0.0, 0.15, 0.37, 0.5, 0.8):
+        rows = [beam(e, 0.93), beam(e, 0.97)]
+        assert _calibration.depth_exponent(rows, lens) == pytest.approx(e, abs=0.011)
+    assert _calibration.depth_exponent([beam(0.3, 0.95, end=30)], lens) is None
+    flat = _calibration._Beam(10, np.ones(len(lens)), np.zeros(len(lens)), 1.0, 0.0, 200,
+                              np.ones(len(lens)))
+    assert _calibration.depth_exponent([flat], lens) is None
+    no_half = _calibration._Beam(10, 0.99 * reached(lens), np.zeros(len(lens)), 1.0, 0.0, 200)
+    assert _calibration.depth_exponent([no_half], lens) is None
 
 
 def test_a_hidden_node_is_neither_walked_nor_returned(built):
@@ -461,14 +547,15 @@ def test_collection_segments_carry_calibrations(tmp_path):
         assert again._segments[0].index.info()["calibration"]["source"] == "hidden"
 
 
-@pytest.mark.parametrize("metric", ["l2", "cosine"])
+@pytest.mark.parametrize("metric", ["l2", "ip", "cosine"])
 def test_collection_targets_read_the_stretched_table(tmp_path, metric):
     """recall= over 4 segments of 5,000 reads the largest segment's table
     stretched for the 20,000 live vectors, where the quantizer was fitted
-    on 16,384 vectors (refit with a sample first). The stretch bounds how
-    deep the neighbours sit, so it lands high more than low: 0.95 and 0.98
-    within +-0.02, 0.90 up to +0.025 (+0.013-0.017 on average over 3 seeds,
-    benchmarks/calibration_seeds.py --segments 4 --refit).
+    on 16,384 vectors (refit with a sample first), by the depth the table
+    measured: l2 and cosine within +-0.005 here, ip (depth 0.2-0.27, where
+    the bound of 0.5 landed +0.04 on average) +0.019 at 0.90. 0.95 and 0.98
+    within +-0.02, 0.90 up to +0.025 (ip's 0.90 lands +0.017 on average
+    over 3 seeds, benchmarks/calibration_seeds.py --segments 4 --refit).
     With its own quantizer, fitted on the first 5,000 (78 centres against
     the 156 that half of 20,000 would get), it takes the default's bound: the
     largest segment's shortlist read 4 times, landing above the target. (The
@@ -590,6 +677,11 @@ def test_grown_table_reads_each_length_at_its_stretch():
     assert _calibration.choose(_calibration.grown(cal, 4.0), 0.9, K)[:2] == (10, 4.0)
     assert _calibration.choose_grown(cal, 0.9, K, 4.0)[:2] == (20, 4.0)
     assert _calibration.choose_grown(cal, 0.9, K, 1.0) == _calibration.choose(cal, 0.9, K)
+    # A table with its own depth stretches by growth ** depth: at 0.25,
+    # 4 times the vectors read as twice under the bound.
+    assert _calibration.grown({**cal, "depth": 0.25}, 4.0) == {
+        **_calibration.grown(cal, 2.0), "depth": 0.25}
+    assert _calibration.grown({**cal, "depth": 0.0}, 4.0)["recall"] == cal["recall"]
 
 
 @pytest.fixture(scope="module")

@@ -639,17 +639,19 @@ static PyObject *Index_same_quantizer(KdIndexObject *self, PyObject *arg)
     return PyBool_FromLong(same);
 }
 
-/* recall_sweep(queries, hidden, truth, k, ef, lens, threads=0) ->
+/* recall_sweep(queries, hidden, truth, k, ef, lens, threads=0, half_ids=None,
+ *              half_truth=None) ->
  * (recall per length, its spread over queries, code distances computed per
- * query, queries measured).
- * hidden and truth are int64 (hidden may be None; truth is nq * k ids,
- * flat), lens int64 ascending. */
+ * query, refinements per query, queries measured, the half's recall per
+ * length or None).
+ * hidden, truth and the half's are int64 (hidden may be None; truths are
+ * nq * k ids, flat), lens int64 ascending. */
 static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
 {
-    PyObject *qo, *ho, *to, *lo;
+    PyObject *qo, *ho, *to, *lo, *hio = Py_None, *hto = Py_None;
     Py_ssize_t k, ef;
     unsigned int threads = 0;
-    if (!PyArg_ParseTuple(args, "OOOnnO|I", &qo, &ho, &to, &k, &ef, &lo, &threads))
+    if (!PyArg_ParseTuple(args, "OOOnnO|IOO", &qo, &ho, &to, &k, &ef, &lo, &threads, &hio, &hto))
         return NULL;
     if (k < 1 || ef < 1) {
         PyErr_SetString(PyExc_ValueError, "k and ef must be at least 1");
@@ -658,26 +660,31 @@ static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
     struct kd_index *ix = kd_py_enter(self);
     if (!ix)
         return NULL;
-    Py_buffer qv = {0}, hv = {0}, tv = {0}, lv = {0};
-    const int64_t *hidden = NULL, *truth = NULL, *lens64 = NULL;
-    size_t nq = 0, nh = 0, nt = 0, nl = 0;
+    Py_buffer qv = {0}, hv = {0}, tv = {0}, lv = {0}, hiv = {0}, htv = {0};
+    const int64_t *hidden = NULL, *truth = NULL, *lens64 = NULL, *half_ids = NULL,
+                  *half_truth = NULL;
+    size_t nq = 0, nh = 0, nt = 0, nl = 0, nhalf = 0, nht = 0;
     uint32_t *lens = NULL;
-    PyObject *recall = NULL, *spread = NULL, *out = NULL;
+    PyObject *recall = NULL, *spread = NULL, *half = NULL, *out = NULL;
     int err = 0, taken = 0;
     if (kd_take_matrix(qo, &qv, kd_index_dim(ix), &nq))
         goto done;
     taken = 1;
     if (kd_take_ids(ho, &hv, &hidden, &nh) || kd_take_ids(to, &tv, &truth, &nt) ||
-        kd_take_ids(lo, &lv, &lens64, &nl))
+        kd_take_ids(lo, &lv, &lens64, &nl) || kd_take_ids(hio, &hiv, &half_ids, &nhalf) ||
+        kd_take_ids(hto, &htv, &half_truth, &nht))
         goto done;
-    if ((hidden && nh != nq) || nt != nq * (size_t)k || nl == 0) {
-        PyErr_SetString(PyExc_ValueError, "recall_sweep: hidden, truth or lens of the wrong size");
+    if ((hidden && nh != nq) || nt != nq * (size_t)k || nl == 0 ||
+        (half_ids ? !half_truth || nht != nq * (size_t)k : half_truth != NULL)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "recall_sweep: hidden, truth, lens or the half's of the wrong size");
         goto done;
     }
     npy_intp dims = (npy_intp)nl;
     if (!(lens = PyMem_Malloc(nl * sizeof *lens)) ||
         !(recall = PyArray_SimpleNew(1, &dims, NPY_FLOAT64)) ||
-        !(spread = PyArray_SimpleNew(1, &dims, NPY_FLOAT64))) {
+        !(spread = PyArray_SimpleNew(1, &dims, NPY_FLOAT64)) ||
+        (half_ids && !(half = PyArray_SimpleNew(1, &dims, NPY_FLOAT64)))) {
         PyErr_NoMemory();
         goto done;
     }
@@ -692,6 +699,9 @@ static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
                           nq,
                           hidden,
                           truth,
+                          half_ids,
+                          half_truth,
+                          nhalf,
                           (size_t)k,
                           (size_t)ef,
                           lens,
@@ -699,21 +709,26 @@ static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
                           threads,
                           PyArray_DATA((PyArrayObject *)recall),
                           PyArray_DATA((PyArrayObject *)spread),
+                          half ? PyArray_DATA((PyArrayObject *)half) : NULL,
                           0,
                           0,
                           0};
     Py_BEGIN_ALLOW_THREADS err = kd_index_recall_sweep(ix, &sw);
-    Py_END_ALLOW_THREADS if (!err) out = Py_BuildValue("OOddn", recall, spread, sw.scored,
-                                                       sw.refined, (Py_ssize_t)sw.nqueries);
+    Py_END_ALLOW_THREADS if (!err)
+        out = Py_BuildValue("OOddnO", recall, spread, sw.scored, sw.refined,
+                            (Py_ssize_t)sw.nqueries, half ? half : Py_None);
 done:
     if (taken)
         PyBuffer_Release(&qv);
     kd_release_buffer(&hv);
     kd_release_buffer(&tv);
     kd_release_buffer(&lv);
+    kd_release_buffer(&hiv);
+    kd_release_buffer(&htv);
     PyMem_Free(lens);
     Py_XDECREF(recall);
     Py_XDECREF(spread);
+    Py_XDECREF(half);
     kd_py_leave(self);
     if (err)
         return kd_raise(err);
@@ -780,7 +795,8 @@ static PyMethodDef Index_methods[] = {
     {"same_quantizer", (PyCFunction)Index_same_quantizer, METH_O,
      "same_quantizer(other) -> True when both encode alike."},
     {"recall_sweep", (PyCFunction)Index_recall_sweep, METH_VARARGS,
-     "recall_sweep(queries, hidden, truth, k, ef, lens, threads=0)"},
+     "recall_sweep(queries, hidden, truth, k, ef, lens, threads=0, half_ids=None, "
+     "half_truth=None)"},
     {"calibration", (PyCFunction)Index_calibration, METH_NOARGS, "The stored calibration (bytes)."},
     {"set_calibration", (PyCFunction)Index_set_calibration, METH_O,
      "set_calibration(data): store bytes as the calibration (b'': none)."},

@@ -102,6 +102,20 @@ ROW_COST = 32
 # code distance at 100k (benchmarks/bench_refine_cost.py measures both); a
 # little more for the colder caches of larger indexes.
 REFINED_COST = 2.5
+# How much deeper a true neighbour sits in the shortlist with more vectors
+# competing (grown): the table's shortlist is read at L / growth ** depth.
+# Each table measures its own depth on the same searches, over a random half
+# of the rows (depth_exponent); DEPTH_BOUND is the bound for intrinsic
+# dimension >= 2, for tables measured before the depth was.
+DEPTH_BOUND = 0.5
+# The half's points within this of its highest recall at a beam are left
+# out of the fit: there the beam's reach, not the shortlist, decides.
+DEPTH_CEILING = 0.02
+DEPTH_MIN_POINTS = 4
+# The half's truth is read from the whole's nearest HALF_DEPTH * k: fewer
+# than k of 4k fall in a random half about once in 10,000 queries (that
+# query then counts the ones it has).
+HALF_DEPTH = 4
 
 
 def lengths(k, default_oversample, max_oversample=None):
@@ -112,17 +126,23 @@ def lengths(k, default_oversample, max_oversample=None):
 def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build",
             first=None):
     """The calibration table of core for these queries (float32, C order).
-    truth_of(lo, hi): the true neighbours of queries[lo:hi] (int64, (n, k),
-    -1 padded). first given: the table is measured on queries[:first], and
-    on as many of the rest as bring its error within STDERR_BOUND (the
-    queries must come in random order)."""
+    truth_of(lo, hi, depth): the depth true neighbours of queries[lo:hi],
+    nearest first (int64, (n, depth), -1 padded). first
+    given: the table is measured on queries[:first], and on as many of the
+    rest as bring its error within STDERR_BOUND (the queries must come in
+    random order)."""
     n = queries.shape[0]
     first = n if first is None else min(first, n)
 
     def part(lo, hi):
-        return _Part(queries[lo:hi], truth_of(lo, hi), None if hidden is None else hidden[lo:hi])
+        return _Part(queries[lo:hi], truth_of(lo, hi, k), None if hidden is None else hidden[lo:hi])
 
-    head = part(0, first)
+    # One brute force gives the head's truth and its half's (the half's k
+    # nearest among the whole's HALF_DEPTH * k).
+    deep = truth_of(0, first, HALF_DEPTH * k)
+    head = _Part(queries[:first], deep[:, :k], None if hidden is None else hidden[:first])
+    head.half_ids = half_of(core)
+    head.half_truth = within(deep, head.half_ids, k).ravel()
     top = MAX_OVERSAMPLE
     measured_to = 0.0
     while True:
@@ -137,6 +157,7 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
         if top >= LONGEST or j < 1 or last[j] - last[j - 1] <= FLAT:
             break
         top *= 2
+    depth = depth_exponent(rows, lens)
     lens, rows = lens[:j + 1], [r.first(j + 1) for r in rows]
     cal = _table(core, rows, k, lens, source, first)
     worst = max(_cheapest(cal, t, False)[4] for t in PROMISED)
@@ -147,13 +168,72 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
                         [r.ef for r in rows])
         cal = _table(core, [a.pooled(b) for a, b in zip(rows, extra)], k, lens, source,
                      first + more)
+    if depth is not None:
+        cal["depth"] = depth
     return cal
+
+
+def half_of(core):
+    """A random half of core's live ids (drawn from its count, so that a
+    threads=1 build saves the same table every time)."""
+    live = core.live_ids()
+    rng = np.random.default_rng([live.shape[0], 0x5EED])
+    return np.ascontiguousarray(live[rng.random(live.shape[0]) < 0.5], np.int64)
+
+
+def within(deep, ids, k):
+    """Per row of deep (ids, nearest first), the first k that are among
+    ids; -1 where fewer are."""
+    member = np.isin(deep, ids) & (deep >= 0)
+    order = np.argsort(~member, axis=1, kind="stable")[:, :k]
+    out = np.take_along_axis(deep, order, axis=1).astype(np.int64)
+    out[~np.take_along_axis(member, order, axis=1)] = -1
+    return np.ascontiguousarray(out)
+
+
+def depth_exponent(rows, lens):
+    """How the depth of a true neighbour in the shortlist grows with the
+    vectors competing: the exponent e with which the whole index's recall at
+    a length of L * 2 ** e matches its random half's at L, both from the
+    same searches (the half's shortlist is its rows among the whole's, in
+    order: the same beam, half the competitors). The half's neighbours lie
+    further out, and the beam reaches fewer of them, so each curve is taken
+    as a share of the most it reaches (at its longest length, on beams
+    where the half's has levelled off): the depth of the neighbours the
+    beam found. Fitted by least squares over the lengths where the half's
+    recall still rises (near its top the beam's reach decides, not the
+    shortlist), to 0.01 in [0, 1]; None when too few such lengths were
+    measured. At intrinsic dimension d it is about 1/d (l2, cosine: at most
+    DEPTH_BOUND for d >= 2); an inner product's top is the end of a
+    projection, not a ball, and grows less deep (docs/design.md, "Recall
+    targets")."""
+    lens = np.asarray(lens, np.float64)
+    full, at, half = [], [], []
+    for r in rows:
+        valid = [] if r.half is None else np.flatnonzero(~np.isnan(r.half))
+        if len(valid) < 3 or r.recall[-1] <= 0:
+            continue
+        top = r.half[valid[-1]]
+        if top <= 0 or top - r.half[valid[-2]] > FLAT:
+            continue  # still rising where it ends: its reach is not known
+        use = valid[(r.half[valid] <= top - DEPTH_CEILING) & (2 * lens[valid] <= lens[-1])]
+        for i in use:
+            full.append(r.recall / r.recall[-1])
+            at.append(lens[i])
+            half.append(r.half[i] / top)
+    if len(half) < DEPTH_MIN_POINTS:
+        return None
+    grid = np.linspace(0.0, 1.0, 101)
+    errors = [sum((np.interp(a * 2.0 ** e, lens, f) - h) ** 2 for f, a, h in zip(full, at, half))
+              for e in grid]
+    return round(float(grid[int(np.argmin(errors))]), 2)
 
 
 class _Part:
     """Some of the calibration queries, with their truth and hidden ids."""
 
     def __init__(self, queries, truth, hidden):
+        self.half_ids = self.half_truth = None  # the depth's half: measure sets them
         self.queries = np.ascontiguousarray(queries, np.float32)
         self.truth = np.ascontiguousarray(truth, np.int64).ravel()
         self.hidden = None if hidden is None else np.ascontiguousarray(hidden, np.int64)
@@ -163,15 +243,16 @@ class _Beam:
     """One beam's sweep: recall and per-query spread at each shortlist
     length, code distances and refinements per query, queries counted."""
 
-    def __init__(self, ef, recall, spread, scored, refined, used):
+    def __init__(self, ef, recall, spread, scored, refined, used, half=None):
         self.ef, self.scored, self.refined, self.used = ef, scored, refined, used
+        self.half = None if half is None else np.asarray(half, np.float64)
         self.recall = np.asarray(recall, np.float64)
         self.spread = np.asarray(spread, np.float64)
 
     def first(self, m):
         """The first m shortlist lengths."""
         return _Beam(self.ef, self.recall[:m], self.spread[:m], self.scored, self.refined,
-                     self.used)
+                     self.used, None if self.half is None else self.half[:m])
 
     def pooled(self, other):
         """The sweep of both query sets together."""
@@ -203,7 +284,8 @@ def _ladder(core, part, k, threads, lens, longest, efs=None):
     ef = k if efs is None else efs[0]
     while True:
         rows.append(_Beam(ef, *core.recall_sweep(part.queries, part.hidden, part.truth, k, ef,
-                                                 lens, threads)))
+                                                 lens, threads, part.half_ids,
+                                                 part.half_truth)))
         if efs is not None:
             if len(rows) == len(efs):
                 return rows
@@ -334,7 +416,8 @@ def grown(cal, growth):
     times the density, at a radius shrunk by growth ** (-1/d)), so a
     shortlist of L holds what one of L / sqrt(growth) did for any d >= 2
     (an upper bound on the depth: recall lands above the estimate, not
-    below). Its columns are the measured lengths and those times the
+    below). A table that measured its own depth (depth_exponent) stretches
+    by growth ** depth instead. Its columns are the measured lengths and those times the
     stretch (rounded up), each read from the measured columns at length /
     stretch (linear between two: recall is concave in the length, so that
     errs the same way). The shortest measured length, k, stays a column
@@ -344,7 +427,7 @@ def grown(cal, growth):
     more (refined codes, ip: 0.914 at 1 x k against 0.926 at 1.1 x k)."""
     if growth <= 1.0:
         return cal
-    growth = math.sqrt(growth)
+    growth = growth ** cal.get("depth", DEPTH_BOUND)
     lens = np.asarray(cal["shortlist"], np.float64)
     low, high = (math.ceil(growth * x - 1e-9) for x in (lens[0], lens[-1]))
     if len(lens) > 1 and lens[0] / growth >= 2 * lens[0] - lens[1]:

@@ -272,15 +272,17 @@ class Index:
     def _calibrate(self, queries, k, threads, source, *, truth_of=None, hidden=None,
                    started=None, first=None, serves=None):
         """Measure the table on queries (their true neighbours found by brute
-        force unless truth_of(lo, hi) gives those of queries[lo:hi]) and keep
+        force unless truth_of(lo, hi, depth) gives the depth nearest of
+        queries[lo:hi]) and keep
         it. first: measure that many, and the rest only if the table's error
         asks for them. serves: the count the index will have once the
         queries (held out of it) go in."""
         t0 = started or time.perf_counter()
         q = _float32(queries)
         if truth_of is None:
-            def truth_of(lo, hi):
-                return self._core.search(q[lo:hi], k, 0, 0.0, True, True, threads or 0, None)[1]
+            def truth_of(lo, hi, depth):
+                return self._core.search(q[lo:hi], depth, 0, 0.0, True, True, threads or 0,
+                                         None)[1]
         cal = _calibration.measure(self._core, q, truth_of, k, hidden=hidden,
                                    threads=threads or 0, source=source, first=first)
         if serves is not None and serves > cal["count"]:
@@ -305,14 +307,14 @@ class Index:
         t0 = time.perf_counter()
         q = np.ascontiguousarray(self._core.get_vectors(ids))
 
-        def truth_of(lo, hi):
-            _, found = self._core.search(q[lo:hi], k + 1, 0, 0.0, True, True, threads or 0,
+        def truth_of(lo, hi, depth):
+            _, found = self._core.search(q[lo:hi], depth + 1, 0, 0.0, True, True, threads or 0,
                                          None)
             # The truth without the query's own id (or, when duplicates crowd
-            # it out of the top k + 1, without the last).
+            # it out of the top depth + 1, without the last).
             keep = found != ids[lo:hi, None]
             keep[keep.all(axis=1), -1] = False
-            return found[keep].reshape(hi - lo, k)
+            return found[keep].reshape(hi - lo, depth)
 
         self._calibrate(q, k, threads, source, truth_of=truth_of, hidden=ids, started=t0,
                         first=_calibration.QUERIES)
@@ -354,8 +356,9 @@ class Index:
 
         A target given with recall= is an estimate to within +-TOLERANCE,
         not a bound: it is read from the table stretched for the live count
-        (_calibration.grown: the shortlist by the square root of the
-        growth, every length measured or read between), not widened after
+        (_calibration.grown: the shortlist by the growth to the power of
+        the depth the table measured, every length measured or read
+        between), not widened after
         the choice (widened, the short lists of k=10 round up to overshoot
         by 0.015-0.04; benchmarks/calibration_seeds.py --n 2000). among, a
         collection's live count, is what competes for the shortlist: the
