@@ -208,7 +208,7 @@ def depth_exponent(rows, lens):
     projection, not a ball, and grows less deep (docs/design.md, "Recall
     targets")."""
     lens = np.asarray(lens, np.float64)
-    full, at, half = [], [], []
+    beams = []  # per beam: the whole's curve, the half's lengths and recall
     for r in rows:
         valid = [] if r.half is None else np.flatnonzero(~np.isnan(r.half))
         if len(valid) < 3 or r.recall[-1] <= 0:
@@ -217,15 +217,12 @@ def depth_exponent(rows, lens):
         if top <= 0 or top - r.half[valid[-2]] > FLAT:
             continue  # still rising where it ends: its reach is not known
         use = valid[(r.half[valid] <= top - DEPTH_CEILING) & (2 * lens[valid] <= lens[-1])]
-        for i in use:
-            full.append(r.recall / r.recall[-1])
-            at.append(lens[i])
-            half.append(r.half[i] / top)
-    if len(half) < DEPTH_MIN_POINTS:
+        beams.append((r.recall / r.recall[-1], lens[use], r.half[use] / top))
+    if sum(len(at) for _, at, _ in beams) < DEPTH_MIN_POINTS:
         return None
     grid = np.linspace(0.0, 1.0, 101)
-    errors = [sum((np.interp(a * 2.0 ** e, lens, f) - h) ** 2 for f, a, h in zip(full, at, half))
-              for e in grid]
+    errors = [sum(float(((np.interp(at * 2.0 ** e, lens, full) - half) ** 2).sum())
+                  for full, at, half in beams) for e in grid]
     return round(float(grid[int(np.argmin(errors))]), 2)
 
 
