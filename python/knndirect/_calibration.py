@@ -134,13 +134,13 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
     n = queries.shape[0]
     first = n if first is None else min(first, n)
 
-    def part(lo, hi):
-        return _Part(queries[lo:hi], truth_of(lo, hi, k), None if hidden is None else hidden[lo:hi])
+    def part(lo, hi, truth):
+        return _Part(queries[lo:hi], truth, None if hidden is None else hidden[lo:hi])
 
     # One brute force gives the head's truth and its half's (the half's k
     # nearest among the whole's HALF_DEPTH * k).
     deep = truth_of(0, first, HALF_DEPTH * k)
-    head = _Part(queries[:first], deep[:, :k], None if hidden is None else hidden[:first])
+    head = part(0, first, deep[:, :k])
     head.half_ids = half_of(core)
     head.half_truth = within(deep, head.half_ids, k).ravel()
     top = MAX_OVERSAMPLE
@@ -164,8 +164,8 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
     if first < n and worst > STDERR_BOUND:
         # Error shrinks as 1/sqrt(queries): as many more as that asks for.
         more = min(n - first, math.ceil(first * ((worst / STDERR_BOUND) ** 2 - 1)))
-        extra = _ladder(core, part(first, first + more), k, threads, lens, len(lens) - 1,
-                        [r.ef for r in rows])
+        rest = part(first, first + more, truth_of(first, first + more, k))
+        extra = _ladder(core, rest, k, threads, lens, len(lens) - 1, [r.ef for r in rows])
         cal = _table(core, [a.pooled(b) for a, b in zip(rows, extra)], k, lens, source,
                      first + more)
     if depth is not None:
