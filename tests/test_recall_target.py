@@ -273,12 +273,15 @@ def test_small_adds_measure_on_hidden_nodes_as_the_index_doubles():
     assert cal["queries"] == 200 and cal["count"] == 4800 and len(index) == 5000
 
 
-def test_default_widens_for_adds_since_its_table():
+@pytest.mark.parametrize("quantization", ["1bit", "1bit+4bit"])
+def test_default_widens_for_adds_since_its_table(quantization):
     """Adds short of doubling keep the table; the core widens the default's
     shortlist by the growth and its beam by the root of it, under the
-    search's lock, and info() reports what a search uses."""
+    search's lock, and info() reports what a search uses. recall= reads the
+    table stretched by the depth it measured: about 0.4 on 1-bit codes, near
+    0 on refined ones (their shortlist is within a row or two of k)."""
     base, queries = split(24000, 300, 32, seed=4205)
-    index = kd.Index(32, "l2")
+    index = kd.Index(32, "l2", quantization=quantization)
     index.add(base[:12000], threads=2)
     first = index.info()
     table = first["calibration"]
@@ -297,6 +300,7 @@ def test_default_widens_for_adds_since_its_table():
     np.testing.assert_array_equal(I, I2)
     assert recall_at_k(I, truth) >= 0.95
     # recall= reads the table stretched for the growth, and lands on target.
+    assert table["depth"] <= 0.15 if "+" in quantization else 0.3 <= table["depth"] <= 0.6
     growth = math.ceil(1000 * len(index) / table["count"]) / 1000
     for target in (0.9, 0.95):
         ef, oversample, _ = _calibration.choose_grown(index._cal, target, K, growth)
@@ -456,6 +460,30 @@ def test_the_depth_fit_recovers_a_known_exponent():
     assert _calibration.depth_exponent([flat], lens) is None
     no_half = _calibration._Beam(10, 0.99 * reached(lens), np.zeros(len(lens)), 1.0, 0.0, 200)
     assert _calibration.depth_exponent([no_half], lens) is None
+
+
+def test_the_refined_depth_fit_reads_the_refined_order_only():
+    """Refined codes order a beam's best ef by their refined estimate and the
+    rest by the 1-bit one: each curve levels off where its refined order
+    ends (the whole's at ef, the half's at about ef / 2) and rises again in
+    the coarser order. The refined fit reads each curve as a share of its
+    top there, and recovers e whatever the tails do."""
+    lens = np.arange(10, 161, 2, dtype=np.float64)
+
+    def reached(x):  # the refined order's share of what its prefix holds
+        x = np.minimum(x, 30.0)
+        return 1.0 - (1.0 - x / 30.0) ** 2
+
+    def beam(e, ef=80):
+        whole = np.where(lens <= ef, 0.95 * reached(lens), 0.95 + 0.04 * (lens - ef) / 80)
+        half = np.where(lens <= ef / 2, 0.90 * reached(lens * 2.0 ** e),
+                        0.90 + 0.08 * (lens - ef / 2) / 120)
+        return _calibration._Beam(ef, whole, np.zeros(len(lens)), 1.0, 80.0, 200, half)
+
+    for e in (0.0, 0.1, 0.3, 0.6):
+        rows = [beam(e), beam(e, ef=70)]
+        assert _calibration.depth_exponent(rows, lens, refined=True) == pytest.approx(
+            e, abs=0.011)
 
 
 def test_a_hidden_node_is_neither_walked_nor_returned(built):
