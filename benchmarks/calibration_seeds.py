@@ -3,7 +3,7 @@ seeds, on the test suite's clustered set (20,000 x 64, one-thread
 builds), measured on 4,000 fresh queries of the same distribution.
 
     python benchmarks/calibration_seeds.py [--seeds 8] [--steps 1,1.5,2,3,...]
-        [--quantization 1bit+4bit] [--n 2000] [--dim 64] [--grow 1.9]
+        [--quantization 1bit+4bit] [--n 2000] [--dim 64] [--grow 1.9 [--grid]]
         [--segments 4 [--refit] [--bound]] [--unstretched] [--depth-bound]
 
 --n takes the first n vectors of the same distribution instead (small
@@ -15,6 +15,10 @@ in adds of 1,000 (G below 2, so the table is not measured again), then
 prints the default's recall as searched (widened for the growth in the
 core) and with the table's own pick at build (unwidened), and how far
 recall= lands from its targets.
+
+--grid (with --grow) also prints, for the first seed, each table beam's
+recall on the grown graph at that beam times sqrt(growth) less the
+stretched table's, at a few lengths: where the stretch or the beam is off.
 
 --segments S builds a Collection (merge_policy=None) of S equal segments
 of n / S vectors, one commit each, and prints how far its recall= lands
@@ -77,6 +81,9 @@ def main():
     ap.add_argument("--depth-bound", action="store_true",
                     help="stretch by the bound sqrt(growth), not the measured depth")
     ap.add_argument("--workdir", default=None, help="where --segments writes (a temp dir)")
+    ap.add_argument("--grid", action="store_true",
+                    help="with --grow: each table beam's recall on the grown graph less the "
+                         "stretched table's, on the first seed")
     args = ap.parse_args()
     if args.unstretched:
         _calibration.choose_grown = lambda cal, target, k, growth: _calibration.choose(
@@ -126,6 +133,7 @@ def grown(args):
     _header("metric", "default min", "default mean", "default < 0.95", "unwidened min",
             "unwidened mean", "unwidened < 0.95", "ef, oversample (mean)",
             "recall= max abs error", "mean error", "outside +-0.02")
+    grids = []
     for metric, truth, graphs in _per_metric(args, base, fresh):
         widened, unwidened, picks, errs = [], [], [], []
         for index in graphs:
@@ -143,10 +151,38 @@ def grown(args):
             picks.append((at_build["default_ef"], at_build["default_oversample"],
                           now["default_ef"], now["default_oversample"]))
             errs += _target_errors(index, fresh, truth)
+            if args.grid and len(errs) == len(TARGETS):
+                grids.append((metric, _grid(index, fresh, truth)))
         p = np.mean(picks, axis=0)
         print(f"| {metric} | {_spread(widened)} | {_spread(unwidened)} | "
               f"{p[0]:.1f}, {p[1]:.2f} -> {p[2]:.1f}, {p[3]:.2f} | {_errors(errs)} |",
               flush=True)
+    for metric, lines in grids:
+        print(f"\n{metric}, first seed: recall on the grown graph at each table beam "
+              "times sqrt(growth), less the stretched table's")
+        for line in lines:
+            print(line)
+
+
+def _grid(index, fresh, truth):
+    """Per table beam: the measured recall on the grown graph (its beam
+    widened by the root of the growth, as recall= widens it) less the
+    stretched table's, at a few of the stretched table's lengths."""
+    cal = index._cal
+    growth = len(index) / cal["count"]
+    table = _calibration.grown(cal, growth)
+    lens = np.asarray(table["shortlist"], np.int64)
+    at = sorted({0, 2, 4, len(lens) // 3, 2 * len(lens) // 3, len(lens) - 1})
+    q = np.ascontiguousarray(fresh, np.float32)
+    t = np.ascontiguousarray(truth, np.int64).ravel()
+    lines = ["| ef | " + " | ".join(f"L {lens[j]}" for j in at) + " |",
+             "| ---: |" + " ---: |" * len(at)]
+    for ef, row in zip(cal["ef"], table["recall"]):
+        wide = max(truth.shape[1], round(ef * growth ** 0.5))
+        got = np.asarray(index._core.recall_sweep(q, None, t, truth.shape[1], wide, lens, 0)[0])
+        lines.append(f"| {ef} → {wide} | "
+                     + " | ".join(f"{got[j] - row[j]:+.3f}" for j in at) + " |")
+    return lines
 
 
 def segmented(args):
