@@ -218,6 +218,9 @@ def depth_exponent(rows, lens, refined=False):
     prefix's top within a row or two of k: every point below it by more
     than FLAT counts."""
     lens = np.asarray(lens, np.float64)
+    # Refined: the whole's cut is its top (past it, it reads 1), so no
+    # length is too long to read it at.
+    ceiling, longest = (FLAT, np.inf) if refined else (DEPTH_CEILING, lens[-1] / 2)
     beams = []  # per beam: the whole's lengths and curve, the half's lengths and recall
     for r in rows:
         if r.half is None:
@@ -231,10 +234,7 @@ def depth_exponent(rows, lens, refined=False):
         top = r.half[valid[-1]]
         if top <= 0 or (not refined and top - r.half[valid[-2]] > FLAT):
             continue  # still rising where it ends: its reach is not known
-        if refined:  # the whole's cut is its top: past it, it reads 1
-            use = valid[r.half[valid] <= top - FLAT]
-        else:
-            use = valid[(r.half[valid] <= top - DEPTH_CEILING) & (2 * lens[valid] <= lens[-1])]
+        use = valid[(r.half[valid] <= top - ceiling) & (lens[valid] <= longest)]
         beams.append((lens[:whole], r.recall[:whole] / r.recall[whole - 1], lens[use],
                       r.half[use] / top))
     if sum(len(at) for _, _, at, _ in beams) < DEPTH_MIN_POINTS:
