@@ -14,6 +14,13 @@ import pyarrow.parquet as pq  # noqa: E402
 import knndirect as kd  # noqa: E402
 import knndirect.ray as kdr  # noqa: E402
 
+# Under the sanitizer stage every process Ray starts (GCS, raylet, workers)
+# inherits libasan through LD_PRELOAD; a CI run once stalled there for an hour in
+# the first cluster start. knndirect.ray is Python over the core, which the
+# collection tests drive under ASan; the other stages run these tests.
+pytestmark = pytest.mark.skipif(bool(os.environ.get("KNNDIRECT_SANITIZER_RUN")),
+                                reason="sanitizer run: Ray's own processes would inherit libasan")
+
 N, DIM, NQ, K = 8000, 32, 200, 10
 
 
