@@ -8,8 +8,12 @@ the default's recall and shortlist; then the same for one index built at
 once on all the rows (its quantizer fitted on 16,384 of them).
 
     python benchmarks/quantizer_growth.py [--n 40000] [--commit 2500]
-        [--dim 64] [--seeds 2] [--metrics l2,ip,cosine] [--workdir DIR]
-        [--set clustered-100k-384]
+        [--first N] [--unmerged] [--dim 64] [--seeds 2]
+        [--metrics l2,ip,cosine] [--workdir DIR] [--set clustered-100k-384]
+
+--first sets the first commit's rows (the rest follow in commits of
+--commit). --unmerged builds without merges and measures the segments as
+committed (centres then lists each segment's).
 
 --set takes the first n vectors of a named set of benchmarks/bench_data.py
 (or a user file) and its queries instead (--dim is then the set's).
@@ -40,6 +44,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=40000)
     ap.add_argument("--commit", type=int, default=2500, help="rows per commit")
+    ap.add_argument("--first", type=int, default=None, help="rows of the first commit")
+    ap.add_argument("--unmerged", action="store_true", help="no merges")
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--metrics", default="l2,ip,cosine")
@@ -54,8 +60,11 @@ def main():
     else:
         base = clustered(args.n + 1000, args.dim, 4200)[:args.n]
         fresh = clustered(args.n + 4000, args.dim, 4200)[args.n:]
+    first = args.first or args.commit
+    starts = [0] + list(range(first, args.n, args.commit))
     print(f"knndirect from {os.path.dirname(kd.__file__)}; {args.set or 'clustered'}: "
-          f"{base.shape[0]} x {args.dim} in commits of {args.commit}, merged to one segment; "
+          f"{base.shape[0]} x {args.dim}, first commit {first}, then commits of {args.commit}, "
+          f"{'unmerged' if args.unmerged else 'merged to one segment'}; "
           f"{fresh.shape[0]} queries; {args.seeds} seeds")
     cols = ["metric", "built as", "centres (quantizer, segment)", "build s"]
     cols += [f"ef {e}, os {o}" for e, o in POINTS] + ["default recall", "default ef/os"]
@@ -67,14 +76,16 @@ def main():
         for seed in range(args.seeds):
             with tempfile.TemporaryDirectory(dir=args.workdir) as d:
                 t = time.perf_counter()
-                col = kd.Collection.create(os.path.join(d, "c"), args.dim, metric, seed=seed)
-                for start in range(0, args.n, args.commit):
-                    col.add(base[start:start + args.commit])
+                col = kd.Collection.create(os.path.join(d, "c"), args.dim, metric, seed=seed,
+                                           **({"merge_policy": None} if args.unmerged else {}))
+                for start, end in zip(starts, starts[1:] + [args.n]):
+                    col.add(base[start:end])
                     col.commit()
-                col.merge()
+                if not args.unmerged:
+                    col.merge()
                 took = time.perf_counter() - t
                 centres = (col._quantizer.info()["centres"],
-                           col._segments[0].index.info()["centres"])
+                           tuple(s.index.info()["centres"] for s in col._segments))
                 rows["collection"].append(
                     (centres, took) + _reads(col, col._search_picks(10, None), fresh, truth))
                 col.close()
@@ -84,7 +95,7 @@ def main():
             took = time.perf_counter() - t
             info = whole.info()
             rows["one index"].append(
-                ((info["centres"],) * 2, took)
+                ((info["centres"], (info["centres"],)), took)
                 + _reads(whole, (info["default_ef"], info["default_oversample"]), fresh, truth))
             whole.close()
         for built, got in rows.items():

@@ -210,6 +210,40 @@ int kd_index_train(struct kd_index *ix, const float *x, size_t n)
     return err;
 }
 
+struct encode_job {
+    struct kd_index *ix;
+    uint64_t first, last, next;
+};
+
+static void *encode_worker(void *arg)
+{
+    struct encode_job *j = arg;
+    struct kd_index *ix = j->ix;
+    uint32_t d = ix->p.dim;
+    int normalized = ix->metric->normalized;
+    float *work = malloc(ix->quant.pdim * sizeof(float)), *tmp = malloc(d * sizeof(float));
+    for (;;) {
+        uint64_t i = __atomic_fetch_add(&j->next, 64, __ATOMIC_RELAXED);
+        if (i >= j->last)
+            break;
+        uint64_t end = i + 64 < j->last ? i + 64 : j->last;
+        for (; i < end; i++) {
+            const float *v = ix->vectors + i * d;
+            if (normalized) {
+                ix->inv_norms[i] = kd_inv_norm(ix, v);
+                for (uint32_t t = 0; t < d; t++)
+                    tmp[t] = v[t] * ix->inv_norms[i];
+                v = tmp;
+            }
+            kd_quant_encode(&ix->quant, v, ix->codes + i * ix->quant.code_size,
+                            ix->refined ? ix->refined + i * ix->quant.refine_size : NULL, work);
+        }
+    }
+    free(work);
+    free(tmp);
+    return NULL;
+}
+
 int kd_index_adopt_quantizer(struct kd_index *ix, struct kd_index *from)
 {
     if (ix == from)
@@ -225,13 +259,23 @@ int kd_index_adopt_quantizer(struct kd_index *ix, struct kd_index *from)
     if (err)
         return err;
     pthread_rwlock_wrlock(&ix->lock);
-    if (ix->count || ix->src->read_only) {
-        err = kd_fail(-EINVAL, "a quantizer can only be given to an empty, writable index");
+    if (ix->src->read_only) {
+        err = kd_fail(-EINVAL, "a quantizer can only be given to a writable index");
         kd_quant_free(&q);
     } else {
         kd_quant_free(&ix->quant);
         ix->quant = q;
         ix->trained = ix->adopted = 1;
+        /* The graph links rows, whichever codes guided its insertion: only
+         * the rows' codes are made again, and the calibration, which
+         * measured the old ones, is dropped. */
+        struct encode_job job = {ix, 0, ix->count, 0};
+        kd_run_workers(encode_worker, &job, kd_cpu_count());
+        if (ix->count) {
+            free(ix->calib);
+            ix->calib = NULL;
+            ix->calib_bytes = 0;
+        }
     }
     pthread_rwlock_unlock(&ix->lock);
     return err;
@@ -288,40 +332,6 @@ int kd_index_grow(struct kd_index *ix, uint64_t need)
                        (unsigned long long)need);
     ix->cap = cap;
     return 0;
-}
-
-struct encode_job {
-    struct kd_index *ix;
-    uint64_t first, last, next;
-};
-
-static void *encode_worker(void *arg)
-{
-    struct encode_job *j = arg;
-    struct kd_index *ix = j->ix;
-    uint32_t d = ix->p.dim;
-    int normalized = ix->metric->normalized;
-    float *work = malloc(ix->quant.pdim * sizeof(float)), *tmp = malloc(d * sizeof(float));
-    for (;;) {
-        uint64_t i = __atomic_fetch_add(&j->next, 64, __ATOMIC_RELAXED);
-        if (i >= j->last)
-            break;
-        uint64_t end = i + 64 < j->last ? i + 64 : j->last;
-        for (; i < end; i++) {
-            const float *v = ix->vectors + i * d;
-            if (normalized) {
-                ix->inv_norms[i] = kd_inv_norm(ix, v);
-                for (uint32_t t = 0; t < d; t++)
-                    tmp[t] = v[t] * ix->inv_norms[i];
-                v = tmp;
-            }
-            kd_quant_encode(&ix->quant, v, ix->codes + i * ix->quant.code_size,
-                            ix->refined ? ix->refined + i * ix->quant.refine_size : NULL, work);
-        }
-    }
-    free(work);
-    free(tmp);
-    return NULL;
 }
 
 static float oracle_pair(void *p, uint32_t a, uint32_t b)

@@ -92,8 +92,10 @@ void kd_index_free(struct kd_index *ix);
 /* Fit the quantizer's centre to a sample; later adds are encoded against it.
  * Without it, the first add fits the centre to its own vectors. */
 int kd_index_train(struct kd_index *ix, const float *x, size_t n);
-/* Take from's quantizer (an empty ix of the same dim, metric and code width),
- * so that both encode alike and codes can be copied between them. */
+/* Take from's quantizer (ix writable, of the same dim, metric and code
+ * width), so that both encode alike and codes can be copied between them;
+ * rows ix holds already are encoded again with it, and its calibration,
+ * measured on their old codes, is dropped. */
 int kd_index_adopt_quantizer(struct kd_index *ix, struct kd_index *from);
 /* 1 when a and b encode every vector identically. */
 int kd_index_same_quantizer(struct kd_index *a, struct kd_index *b);

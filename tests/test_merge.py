@@ -316,6 +316,36 @@ def test_quantizer_mismatch_reencodes(metric, tmp_path):
 
 
 @pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_a_filled_index_adopting_a_quantizer_encodes_its_rows_anew(metric, tmp_path):
+    """adopt_quantizer on an index that holds rows (a collection's write
+    buffer when its flush refits the quantizer): each row is encoded as an
+    index that adopted the quantizer before its adds encodes it, and the
+    graph stands; the table, measured on the old codes, is dropped. An
+    index opened from disk refuses."""
+    x, q, ids, a, e = own_quantizers(metric)
+    before, after, twin = (tmp_path / f"{n}.kdx" for n in ("before", "after", "twin"))
+    a.save(before)
+    assert a._core.calibration()
+    a._adopt_quantizer(e)
+    assert a._core.same_quantizer(e._core) and a.info()["centres"] == e.info()["centres"]
+    assert a._core.calibration() == b"" and a._cal is None
+    a.save(after)
+    segment(e, x[:4000], ids[:4000]).save(twin)
+    assert not np.array_equal(codes_by_id(before, 4000), codes_by_id(after, 4000))
+    assert np.array_equal(codes_by_id(after, 4000), codes_by_id(twin, 4000))
+    for name, width in (("level0", 32), ("upper", 16)):
+        assert lists_of(before, name, width) == lists_of(after, name, width), name
+    # Recall per read is the twin's (same codes, another graph of the rows).
+    truth = brute_force(x[:4000], q, 10, metric)[1]
+    got = [recall(kd.open(p), q, truth, ef=32, oversample=4) for p in (after, twin)]
+    assert got[0] >= got[1] - 0.02, got
+    D, I = kd.open(after).search(q, 10, exact=True)
+    assert_exact_match(D, I, x[:4000], q, metric)
+    with pytest.raises(ValueError, match="writable index"):
+        kd.open(after)._core.adopt_quantizer(e._core)
+
+
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
 def test_the_callers_quantizer_encodes_every_row(metric, tmp_path):
     """quantizer=: the output takes that quantizer, and every row of an
     input that encodes otherwise, the base's included, is encoded anew with

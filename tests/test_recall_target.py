@@ -587,8 +587,8 @@ def test_collection_targets_read_the_stretched_table(tmp_path, metric):
     With its own quantizer, fitted on the first 5,000 (78 centres against
     the 156 that half of 20,000 would get), it takes the default's bound: the
     largest segment's shortlist read 4 times, landing above the target. (The
-    third commit outgrew that quantizer, so the fourth segment took one
-    refitted on 15,000; the first three still do not fit.)"""
+    third commit outgrew that quantizer, so the third and fourth segments
+    took one refitted on 15,000; the first two still do not fit.)"""
     base, queries = split(20000, 1000, 64, seed=4200)
     _, truth = brute_force(base, queries, K, metric)
     got = {}
@@ -602,7 +602,7 @@ def test_collection_targets_read_the_stretched_table(tmp_path, metric):
             col.commit()
         assert len(col.segments()) == 4
         fits = [s.index._quantizer_fits(20000) for s in col._segments]
-        assert fits == ([True] * 4 if quantizer == "fitted" else [False] * 3 + [True])
+        assert fits == ([True] * 4 if quantizer == "fitted" else [False] * 2 + [True] * 2)
         centres = col._segments[0].index.info()["centres"]
         assert centres == (256 if quantizer == "fitted" else 78)
         big = max(col._segments, key=lambda s: len(s.index)).index

@@ -791,7 +791,8 @@ static PyMethodDef Index_methods[] = {
     {"close", (PyCFunction)Index_close, METH_NOARGS, "Free the index."},
     {"live_ids", (PyCFunction)Index_live_ids, METH_NOARGS, "live_ids() -> int64 array, row order"},
     {"adopt_quantizer", (PyCFunction)Index_adopt_quantizer, METH_O,
-     "adopt_quantizer(other): an empty index takes other's quantizer."},
+     "adopt_quantizer(other): take other's quantizer; rows held are encoded anew and the "
+     "calibration is dropped."},
     {"same_quantizer", (PyCFunction)Index_same_quantizer, METH_O,
      "same_quantizer(other) -> True when both encode alike."},
     {"recall_sweep", (PyCFunction)Index_recall_sweep, METH_VARARGS,

@@ -721,6 +721,8 @@ class Collection:
             return
         if self._pending_quantizer and self._trained_rows < min(len(buf), TRAIN_SAMPLE) // 2:
             buf = self._refit_buffer(buf)
+        elif self._refit_if_outgrown():
+            self._encode_buffer_anew()   # this segment takes the new one too
         _calibrate_new_segment(buf, self._tune, self._threads or 0)
         name = _seg_name(self._new_file_number())
         path = os.path.join(self._path, name)
@@ -737,7 +739,6 @@ class Collection:
         self._segments.append(seg)
         self._buffer = None
         self._publish()
-        self._refit_if_outgrown()
 
     def _refit_if_outgrown(self):
         """A quantizer with fewer centres than one fitted on half the live
@@ -745,16 +746,25 @@ class Collection:
         every later row: a new one is fitted on a sample of them, once per
         doubling at most, which later segments take and merges re-encode
         to. A refit that fails (reading the sample) fails no write: the
-        quantizer stays, with a warning, and the next flush tries again."""
+        quantizer stays, with a warning, and the next flush tries again.
+        Returns whether it refitted."""
         if self._quantizer is None or self._quantizer._quantizer_fits(len(self)):
-            return
+            return False
         try:
             sample = self._live_sample()
         except (OSError, ValueError, KeyError) as e:
             warnings.warn(f"could not refit the outgrown quantizer of {self._path}, kept it: "
                           f"{e!r}", RuntimeWarning, stacklevel=4)
-            return
+            return False
         self._fit_quantizer(sample)
+        return True
+
+    def _encode_buffer_anew(self):
+        """The write buffer's rows take the collection's quantizer. Its
+        graph stands (it links rows, whichever codes guided insertion); its
+        table is measured again on hidden nodes when it is flushed."""
+        if self._buffer is not None:
+            self._buffer._adopt_quantizer(self._quantizer)
 
     def remove(self, ids):
         """Remove ids: gone from searches at once, durable at the next commit.
@@ -869,9 +879,9 @@ class Collection:
     def refit(self, sample=None, *, threads=None):
         """Fit a new quantizer (rotation and centres) for data that has
         drifted: on sample (an (n, dim) array), else on up to 16384 live
-        vectors drawn at random. The write buffer is flushed first; segments
-        written from now on use the new quantizer, and merges re-encode the
-        codes of older segments with it. Durable at the next commit. (A
+        vectors drawn at random. The write buffer's rows are encoded with it
+        at once, segments written from now on use it, and merges re-encode
+        the codes of older segments with it. Durable at the next commit. (A
         flush refits the same way by itself when the live count has outgrown
         the quantizer.)"""
         with self._state:
@@ -884,8 +894,8 @@ class Collection:
                 x = _as_matrix(sample, self._dim, "sample")
                 if x.shape[0] == 0:
                     raise ValueError("sample holds no vectors")
-            self._flush()
             self._fit_quantizer(x)
+            self._encode_buffer_anew()
 
     def _live_sample(self):
         """Up to TRAIN_SAMPLE live vectors drawn at random."""

@@ -264,6 +264,12 @@ class Index:
         self._choices = {}
         self._centres = None  # the quantizer's, once fitted (0: not 1-bit codes)
 
+    def _adopt_quantizer(self, other):
+        """Take other's quantizer: the rows held are encoded anew (the graph
+        stands) and the table, measured on their old codes, is dropped."""
+        self._core.adopt_quantizer(other._core)
+        self._cal, self._choices, self._centres = None, {}, None
+
     # -- recall targets -----------------------------------------------------
     def _set_calibration(self, cal):
         self._core.set_calibration(_calibration.encode(cal) if cal else b"")
