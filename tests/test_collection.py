@@ -492,6 +492,27 @@ def test_an_outgrown_quantizer_is_refitted(tmp_path):
     assert got[0] >= got[1] - 0.02, got
 
 
+def test_refit_reaches_the_write_buffer(tmp_path):
+    """refit() encodes the rows not yet flushed with the new quantizer in
+    place (no segment is written for it); they search as well as before,
+    and the segment their commit writes carries it, with a table measured
+    on the new codes."""
+    allv = clustered(21000, 64, seed=4200)
+    x, q = allv[:20000], allv[20000:]
+    truth = ground_truth(x[:3000], q, 10)[0]
+    col = kd.Collection.create(tmp_path / "col", 64, merge_policy=None, threads=1)
+    col.add(x[:3000])
+    assert col._buffer.info()["centres"] == 46
+    col.refit(x[3000:])
+    assert col._segments == [] and col._buffer.info()["centres"] == 256
+    assert col._buffer._core.same_quantizer(col._quantizer._core)
+    assert recall_at_k(col.search(q, 10, ef=64, oversample=4)[1], truth) >= 0.98
+    col.commit()
+    (seg,) = col.segments()
+    assert seg["centres"] == 256 and seg["calibration"] == "hidden"
+    col.close()
+
+
 def test_a_failed_refit_fails_no_write(tmp_path):
     """Reads of the refit's sample fail (the fault hook): the commit that
     outgrew the quantizer still lands, with a warning, the quantizer stays,
