@@ -222,7 +222,9 @@ static void *encode_worker(void *arg)
     uint32_t d = ix->p.dim;
     int normalized = ix->metric->normalized;
     float *work = malloc(ix->quant.pdim * sizeof(float)), *tmp = malloc(d * sizeof(float));
-    for (;;) {
+    /* Without scratch a worker claims no rows: the others encode them all,
+     * or, where none could, nothing is encoded (encoded_all says so). */
+    while (work && tmp) {
         uint64_t i = __atomic_fetch_add(&j->next, 64, __ATOMIC_RELAXED);
         if (i >= j->last)
             break;
@@ -244,6 +246,15 @@ static void *encode_worker(void *arg)
     return NULL;
 }
 
+/* Rows [first, last) encoded with ix's quantizer, on `threads` workers: 0,
+ * or -ENOMEM with none of them encoded. */
+static int encode_rows(struct kd_index *ix, uint64_t first, uint64_t last, unsigned threads)
+{
+    struct encode_job job = {ix, first, last, first};
+    kd_run_workers(encode_worker, &job, threads);
+    return job.next < last ? kd_fail(-ENOMEM, "out of memory encoding vectors") : 0;
+}
+
 int kd_index_adopt_quantizer(struct kd_index *ix, struct kd_index *from)
 {
     if (ix == from)
@@ -262,21 +273,26 @@ int kd_index_adopt_quantizer(struct kd_index *ix, struct kd_index *from)
     if (ix->src->read_only) {
         err = kd_fail(-EINVAL, "a quantizer can only be given to a writable index");
         kd_quant_free(&q);
-    } else {
-        kd_quant_free(&ix->quant);
-        ix->quant = q;
-        ix->trained = ix->adopted = 1;
-        /* The graph links rows, whichever codes guided its insertion: only
-         * the rows' codes are made again, and the calibration, which
-         * measured the old ones, is dropped. */
-        struct encode_job job = {ix, 0, ix->count, 0};
-        kd_run_workers(encode_worker, &job, kd_cpu_count());
-        if (ix->count) {
-            free(ix->calib);
-            ix->calib = NULL;
-            ix->calib_bytes = 0;
-        }
+        goto out;
     }
+    /* The graph links rows, whichever codes guided its insertion: only the
+     * rows' codes are made again, and the calibration, which measured the
+     * old ones, is dropped. */
+    struct kd_quant old = ix->quant;
+    ix->quant = q;
+    if ((err = encode_rows(ix, 0, ix->count, kd_cpu_count()))) {
+        ix->quant = old; /* no row was encoded with q */
+        kd_quant_free(&q);
+        goto out;
+    }
+    kd_quant_free(&old);
+    ix->trained = ix->adopted = 1;
+    if (ix->count) {
+        free(ix->calib);
+        ix->calib = NULL;
+        ix->calib_bytes = 0;
+    }
+out:
     pthread_rwlock_unlock(&ix->lock);
     return err;
 }
@@ -524,8 +540,8 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
     }
     memcpy(ix->vectors + first * ix->p.dim, x, n * ix->p.dim * sizeof(float));
     memset(ix->deleted + first, 0, n);
-    struct encode_job job = {ix, first, last, first};
-    kd_run_workers(encode_worker, &job, kd_resolve_threads(threads));
+    if ((err = encode_rows(ix, first, last, kd_resolve_threads(threads))))
+        goto out;
     struct kd_build_oracle o = {oracle_from, ix, NULL, NULL};
     if ((err = build_codes(ix, first, last, kd_resolve_threads(threads))) < 0)
         goto out;
