@@ -109,7 +109,10 @@ def build_bytes(x, metric, threads=1, **kw):
 def test_beam_over_search_codes_keeps_recall(metric, cache_bytes):
     """Past the cache, insertion's beam scores with the 1-bit search codes and
     re-scores its best with the build codes: the graph differs from the one
-    built over build codes alone, and keeps recall."""
+    built over build codes alone, and keeps recall. One build thread, so
+    the graphs compared are the same every run (a 2-thread beam build once
+    read 0.9815 against 0.9995 in CI, and 0.997-1.0 in 104 runs here; the
+    threaded beam runs under ThreadSanitizer in tests/c/stress_index.c)."""
     data = kd.datasets.clustered(6200, 48, seed=22)
     base, queries = data[:6000], data[6000:]
     truth, _ = kd.datasets.ground_truth(base, queries, 10, metric)
@@ -117,8 +120,8 @@ def test_beam_over_search_codes_keeps_recall(metric, cache_bytes):
     for name, size in (("beam", 1), ("build codes", 1 << 40)):
         cache_bytes(size)
         index = kd.Index(48, metric, seed=3)
-        index.add(base[:3000])
-        index.add(base[3000:])
+        index.add(base[:3000], threads=1)
+        index.add(base[3000:], threads=1)
         _, ids = index.search(queries, 10, ef=64, oversample=10)
         recalls[name] = kd.datasets.recall_at_k(ids, truth)
         saved[name] = index.to_bytes()

@@ -2,7 +2,8 @@
  * through its error paths, for the sanitizers:
  *
  *   threads  searches from six threads while one adds, removes, saves and
- *            reads vectors (in memory), then six threads searching, reading
+ *            reads vectors (in memory; again with insertion's beam over the
+ *            1-bit codes), then six threads searching, reading
  *            vectors and verifying an opened file on every backend while one
  *            removes and resets stats; for ThreadSanitizer (and ASan/UBSan);
  *   leaks    open/close and load/free cycles, searches whose reads fail,
@@ -293,22 +294,34 @@ static void disk_writer(struct shared *sh)
     }
 }
 
-static void test_threads(void)
+/* beam: the cache taken as 1 byte, so that every add's insertion runs its
+ * beam over the 1-bit codes (kd_beam_pays); only the in-memory part. */
+static void test_threads(int beam)
 {
     struct shared *sh = calloc(1, sizeof *sh);
     float *x = make_vectors(MAX_IDS, DIM, 11);
     sh->x = x;
+    kd_set_llc_bytes(beam ? 1 : 0);
     int err = make_index(&sh->ix, DIM, KD_L2, x, N0, 0);
     CHECK(err == 0, "build");
     if (err) {
+        kd_set_llc_bytes(0);
         free(x);
         free(sh);
         return;
     }
     sh->slots = N0;
-    run_readers(sh, memory_writer, "in memory, adds and removes");
+    run_readers(sh, memory_writer,
+                beam ? "in memory, adds through the 1-bit beam" : "in memory, adds and removes");
+    kd_set_llc_bytes(0);
     CHECK(kd_index_count(sh->ix) == MAX_IDS - ROUNDS * REMOVE_PER_ROUND, "live count %llu",
           (unsigned long long)kd_index_count(sh->ix));
+    if (beam) {
+        kd_index_free(sh->ix);
+        free(x);
+        free(sh);
+        return;
+    }
 
     char path[256];
     snprintf(path, sizeof path, "%s/stress_index_%d.kdx", dir, (int)getpid());
@@ -692,8 +705,10 @@ int main(int argc, char **argv)
     if (argc > 2)
         dir = argv[2];
     int all = strcmp(mode, "all") == 0;
-    if (all || strcmp(mode, "threads") == 0)
-        test_threads();
+    if (all || strcmp(mode, "threads") == 0) {
+        test_threads(0);
+        test_threads(1);
+    }
     if (all || strcmp(mode, "leaks") == 0)
         test_leaks();
     if (all || strcmp(mode, "bigfile") == 0)
