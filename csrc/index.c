@@ -223,7 +223,7 @@ static void *encode_worker(void *arg)
     int normalized = ix->metric->normalized;
     float *work = malloc(ix->quant.pdim * sizeof(float)), *tmp = malloc(d * sizeof(float));
     /* Without scratch a worker claims no rows: the others encode them all,
-     * or, where none could, nothing is encoded (encoded_all says so). */
+     * or, where none could, nothing is encoded (encode_rows says so). */
     while (work && tmp) {
         uint64_t i = __atomic_fetch_add(&j->next, 64, __ATOMIC_RELAXED);
         if (i >= j->last)
