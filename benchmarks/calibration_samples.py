@@ -13,8 +13,16 @@ For each way and target it prints the mean and spread, over the samples, of
 (test recall at the chosen point - the table's expected recall), the mean
 queries measured and the mean calibration seconds.
 
+--sure-z Z1,Z2,... then prints, for each way, what the default (0.95 with
+the recall less Z standard errors) gives on the test queries with each Z:
+the lowest and mean recall, how many samples fell below 0.95, and the mean
+beam and shortlist it chose (its cost); the library's own Z first.
+--ways picks some of the three ways (staged is what an add does).
+
     python benchmarks/calibration_samples.py --set mpnet-dict --metric cosine
     python benchmarks/calibration_samples.py --set clustered-100k-384 --samples 30
+    python benchmarks/calibration_samples.py --set minilm-dict --metric l2 \
+        --samples 40 --ways staged --sure-z 1.645,2.326
 """
 import argparse
 import sys
@@ -41,7 +49,12 @@ def main():
     ap.add_argument("--test", type=int, default=2000, help="test queries")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ways", default="one,staged,all")
+    ap.add_argument("--sure-z", default=None,
+                    help="comma-separated z for the default's one-sided bound, for an A/B")
     args = ap.parse_args()
+    zs = [cal_mod.SURE_Z] + [float(z) for z in (args.sure_z or "").split(",")
+                             if z and float(z) != cal_mod.SURE_Z]
     k, most, first = cal_mod.K, cal_mod.MOST_QUERIES, cal_mod.QUERIES
     ds = bench_data.resolve(args.set, metric=args.metric, k=k)
     base = np.asarray(bench_data.load_base(ds.to_json()), np.float32)
@@ -72,11 +85,13 @@ def main():
         return measured[ef, oversample]
 
     picks = [(0.90, False), (0.95, False), (0.98, False), (0.95, True)]
-    ways = {"one": [], "staged": [], "all": []}
+    plans = {"one": (first, None), "staged": (most, first), "all": (most, None)}
+    plans = {w: plans[w] for w in args.ways.split(",")}
+    ways = {w: [] for w in plans}
+    defaults = {(w, z): [] for w in plans for z in zs}
     for s in range(args.samples):
         q = pool[s * most:(s + 1) * most]
-        for way, (n, stage) in {"one": (first, None), "staged": (most, first),
-                                "all": (most, None)}.items():
+        for way, (n, stage) in plans.items():
             def truth_of(lo, hi, depth, q=q):
                 return index.search(q[lo:hi], depth, exact=True, threads=args.threads)[1]
 
@@ -88,6 +103,11 @@ def main():
                 ef, oversample, expect = cal_mod.choose(cal, target, k, sure=sure)
                 errs.append(test_recall(ef, oversample) - expect)
             ways[way].append(errs + [cal["queries"], sec])
+            for z in zs:
+                cal_mod.SURE_Z = z
+                ef, oversample, _ = cal_mod.choose(cal, cal_mod.DEFAULT_TARGET, k, sure=True)
+                defaults[way, z].append((test_recall(ef, oversample), ef, oversample))
+            cal_mod.SURE_Z = zs[0]
     print("| way | " + " | ".join(f"{t}{' (default)' if s else ''}: bias, spread"
                                   for t, s in picks) + " | queries | seconds |")
     print("| --- " * (len(picks) + 3) + "|")
@@ -96,6 +116,13 @@ def main():
         cells = [f"{a[:, i].mean():+.4f}, {a[:, i].std(ddof=1):.4f}" for i in range(len(picks))]
         print(f"| {way} | " + " | ".join(cells) + f" | {a[:, -2].mean():.0f} | "
               f"{a[:, -1].mean():.2f} |")
+    print("\n| way | z | default lowest | mean | below 0.95 | mean ef | mean oversample |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for (way, z), rows in defaults.items():
+        a = np.asarray(rows)
+        print(f"| {way} | {z:g} | {a[:, 0].min():.4f} | {a[:, 0].mean():.4f} | "
+              f"{int((a[:, 0] < 0.95).sum())}/{len(a)} | {a[:, 1].mean():.1f} | "
+              f"{a[:, 2].mean():.2f} |")
 
 
 if __name__ == "__main__":
