@@ -86,6 +86,9 @@ def main():
 
     picks = [(0.90, False), (0.95, False), (0.98, False), (0.95, True)]
     plans = {"one": (first, None), "staged": (most, first), "all": (most, None)}
+    unknown = set(args.ways.split(",")) - set(plans)
+    if unknown:
+        ap.error(f"--ways: unknown {sorted(unknown)}; choose from {sorted(plans)}")
     plans = {w: plans[w] for w in args.ways.split(",")}
     ways = {w: [] for w in plans}
     defaults = {(w, z): [] for w in plans for z in zs}
