@@ -53,6 +53,9 @@ def main():
     ap.add_argument("--sure-z", default=None,
                     help="comma-separated z for the default's one-sided bound, for an A/B")
     args = ap.parse_args()
+    unknown = set(args.ways.split(",")) - {"one", "staged", "all"}
+    if unknown:
+        ap.error(f"--ways: unknown {sorted(unknown)}; choose from all, one, staged")
     zs = [cal_mod.SURE_Z] + [float(z) for z in (args.sure_z or "").split(",")
                              if z and float(z) != cal_mod.SURE_Z]
     k, most, first = cal_mod.K, cal_mod.MOST_QUERIES, cal_mod.QUERIES
@@ -86,9 +89,6 @@ def main():
 
     picks = [(0.90, False), (0.95, False), (0.98, False), (0.95, True)]
     plans = {"one": (first, None), "staged": (most, first), "all": (most, None)}
-    unknown = set(args.ways.split(",")) - set(plans)
-    if unknown:
-        ap.error(f"--ways: unknown {sorted(unknown)}; choose from {sorted(plans)}")
     plans = {w: plans[w] for w in args.ways.split(",")}
     ways = {w: [] for w in plans}
     defaults = {(w, z): [] for w in plans for z in zs}
