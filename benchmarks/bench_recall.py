@@ -67,8 +67,12 @@ def log(msg):
     print(f"[recall] {msg}", flush=True)
 
 
+def per_query_recall(ids, truth, k):
+    return np.array([len(set(a[:k]) & set(b[:k])) / k for a, b in zip(ids, truth)])
+
+
 def recall_at(ids, truth, k):
-    return float(np.mean([len(set(a[:k]) & set(b[:k])) / k for a, b in zip(ids, truth)]))
+    return float(per_query_recall(ids, truth, k).mean())
 
 
 def searches(index, queries, truth, k, repeats):
