@@ -116,8 +116,6 @@ static int cand_grow(struct kd_search_scratch *s, size_t n)
     if (n < s->heap_cap)
         return 0;
     size_t cap = s->heap_cap * 2;
-    while (cap <= n)
-        cap *= 2;
     struct kd_heap_item *c = realloc(s->cand, cap * sizeof *c);
     struct kd_heap_item *r = c ? realloc(s->res, cap * sizeof *r) : NULL;
     if (c)
@@ -352,12 +350,11 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
     }
     if (early)
         early->expansions = expanded;
-    /* The candidates are done with: their heap is the sort's spare. */
-    if (cand_grow(s, keep ? npool : nres))
-        return 0;
+    /* The sort's spare: the pool's second half, or the candidates' heap
+     * (done with, and as large as the results'). */
     struct kd_heap_item *out = keep ? s->pool : s->res;
     size_t n = keep ? npool : nres;
-    sort_ascending(out, s->cand, n);
+    sort_ascending(out, keep ? s->pool + keep : s->cand, n);
     s->out = out;
     return n;
 }
@@ -394,12 +391,12 @@ size_t kd_graph_search(const struct kd_graph *g, struct kd_search_scratch *s, si
 {
     if (g->entry == KD_NONE)
         return 0;
-    if (keep > s->pool_cap) {
-        struct kd_heap_item *p = realloc(s->pool, keep * sizeof *p);
+    if (2 * keep > s->pool_cap) { /* the second half: the sort's spare */
+        struct kd_heap_item *p = realloc(s->pool, 2 * keep * sizeof *p);
         if (!p)
             return 0;
         s->pool = p;
-        s->pool_cap = keep;
+        s->pool_cap = 2 * keep;
     }
     descend(g, s, g->entry, g->max_level, 0, dist, dctx, 0, accept ? accept->hidden : KD_NONE);
     return search_layer(g, s, 0, ef, 1, dist, dctx, accept, 0, keep, prefetch, early);

@@ -52,7 +52,7 @@ struct kd_search_scratch {
     struct kd_visited visited;
     struct kd_heap_item *cand, *res;
     size_t heap_cap;
-    struct kd_heap_item *pool; /* best `keep` of all nodes scored */
+    struct kd_heap_item *pool; /* best `keep` of all nodes scored, then a spare */
     size_t pool_cap;
     const struct kd_heap_item *out; /* results of the last search */
     uint32_t *rows;

@@ -210,4 +210,8 @@ MUTATIONS = [
          tests=["tests/test_corrupt_index.py::test_truncated_everywhere",
                 "tests/test_storage_damage.py::test_truncated_at_every_section_boundary"],
          est=40, why="open() of a truncated index would call it 'not a knndirect index' instead of truncated"),
+    dict(name="sort-key-negatives", file="csrc/hnsw.c",
+         edits=[("    return u & 0x80000000u ? ~u : u | 0x80000000u;", "    return u | 0x80000000u;")],
+         tests=["tests/test_recall.py"],
+         est=40, why="beams with negative distances (ip) would come out misordered: recall falls"),
 ]
