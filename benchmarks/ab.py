@@ -82,7 +82,7 @@ print("AB " + json.dumps(out))
 """
 
 # Figures where larger is better; the rest are times.
-LARGER_BETTER = {"batch_ram_qps", "batch_disk_qps", "recall_ram", "recall_disk"}
+LARGER_BETTER = {"batch_ram_qps", "batch_disk_qps", "recall_ram", "recall_disk", "search_qps"}
 
 
 def export(rev, dest):
@@ -117,9 +117,10 @@ def build(rev, work, name):
     return lib
 
 
-def run_once(lib, files, index_path):
+def run_once(lib, argv, workload=WORKLOAD):
+    """Run a workload with one build on its path; returns its "AB " line's figures."""
     env = dict(os.environ, PYTHONPATH=lib)
-    res = subprocess.run([sys.executable, "-c", WORKLOAD, *files, index_path], env=env,
+    res = subprocess.run([sys.executable, "-c", workload, *argv], env=env,
                          check=True, capture_output=True, text=True)
     line = [ln for ln in res.stdout.splitlines() if ln.startswith("AB ")][-1]
     return json.loads(line[3:])
@@ -133,14 +134,16 @@ def report(runs, args):
     # A round's two runs ran back to back: their ratio sees the same load,
     # so the median of those ratios is steadier than a ratio of medians.
     print("| figure | base (median) | head (median) | head / base | paired ratios: median "
-          "(min-max) |\n| --- | --- | --- | --- | --- |")
+          "(min-max) | rounds head won |\n| --- | --- | --- | --- | --- | --- |")
     for k in keys:
         a = float(np.median([x[k] for x in runs["base"]]))
         b = float(np.median([x[k] for x in runs["head"]]))
         pairs = [h[k] / r[k] for h, r in zip(runs["head"], runs["base"]) if r[k]]
-        note = " (higher is better)" if k in LARGER_BETTER else ""
+        larger = k in LARGER_BETTER
+        won = sum((p > 1) if larger else (p < 1) for p in pairs)
+        note = " (higher is better)" if larger else ""
         print(f"| {k}{note} | {a:.4g} | {b:.4g} | {b / a:.3f} | {np.median(pairs):.3f} "
-              f"({min(pairs):.3f}-{max(pairs):.3f}) |")
+              f"({min(pairs):.3f}-{max(pairs):.3f}) | {won} of {len(pairs)} |")
 
 
 def main(argv=None):
@@ -181,7 +184,7 @@ def main(argv=None):
     for r in range(args.rounds):
         order = ("base", "head") if r % 2 == 0 else ("head", "base")
         for name in order:
-            runs[name].append(run_once(libs[name], files, os.path.join(work, name + ".kdx")))
+            runs[name].append(run_once(libs[name], [*files, os.path.join(work, name + ".kdx")]))
             print(f"round {r + 1} {name}: " + ", ".join(f"{k} {v:.4g}"
                                                        for k, v in runs[name][-1].items()),
                   flush=True)

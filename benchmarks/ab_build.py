@@ -10,16 +10,13 @@ runs one fresh process per build, in alternating order; a process builds
 clustered data (M 16, ef_construction 200, seed 1, --threads build
 threads), then times five 1-thread batch searches of 1,000 queries at ef
 64 and keeps their median. Nothing is saved, so a round takes one build's
-time: ten rounds fit where ab.py's full workload runs three. Printed per
-figure: each side's median, their ratio, the median and range of the
+time: ten rounds fit where ab.py's full workload runs three. The table is
+ab.py's: each side's median, their ratio, the median and range of the
 per-round ratios, and the rounds the head won.
 """
 import argparse
-import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -78,30 +75,13 @@ def main(argv=None):
         runs = {"base": [], "head": []}
         for r in range(args.rounds):
             for name in ("base", "head") if r % 2 == 0 else ("head", "base"):
-                out = subprocess.run(
-                    [sys.executable, "-c", WORKLOAD, *files, str(args.threads), args.metric],
-                    env=dict(os.environ, PYTHONPATH=libs[name]), check=True,
-                    capture_output=True, text=True).stdout
-                runs[name].append(json.loads([ln for ln in out.splitlines()
-                                              if ln.startswith("AB ")][-1][3:]))
+                runs[name].append(ab.run_once(
+                    libs[name], [*files, str(args.threads), args.metric], WORKLOAD))
                 print(f"round {r + 1} {name}: {runs[name][-1]}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"\n{args.n:,} x {args.dim} {args.metric}, {args.rounds} interleaved rounds, base "
-          f"{args.base} vs head {args.head or 'working tree'}\n")
-    print("| figure | base (median) | head (median) | head / base | paired ratios: median "
-          "(min-max) | rounds head won |\n| --- | --- | --- | --- | --- | --- |")
-    for k in runs["base"][0]:
-        a = [x[k] for x in runs["base"]]
-        b = [x[k] for x in runs["head"]]
-        pairs = sorted(y / x for x, y in zip(a, b))
-        larger = k == "search_qps"
-        won = sum((y > x) if larger else (y < x) for x, y in zip(a, b))
-        print(f"| {k}{' (higher is better)' if larger else ''} | {statistics.median(a):.4g} | "
-              f"{statistics.median(b):.4g} | {statistics.median(b) / statistics.median(a):.3f} | "
-              f"{statistics.median(pairs):.3f} ({pairs[0]:.3f}-{pairs[-1]:.3f}) | "
-              f"{won} of {len(a)} |")
+    ab.report(runs, dict(vars(args), queries=1000))
 
 
 if __name__ == "__main__":
