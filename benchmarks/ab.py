@@ -81,8 +81,10 @@ os.unlink(path)
 print("AB " + json.dumps(out))
 """
 
-# Figures where larger is better; the rest are times.
-LARGER_BETTER = {"batch_ram_qps", "batch_disk_qps", "recall_ram", "recall_disk", "search_qps"}
+
+def larger_better(key):
+    """Rates and recalls; every other figure is a time."""
+    return key.endswith("qps") or key.startswith("recall")
 
 
 def export(rev, dest):
@@ -139,7 +141,7 @@ def report(runs, args):
         a = float(np.median([x[k] for x in runs["base"]]))
         b = float(np.median([x[k] for x in runs["head"]]))
         pairs = [h[k] / r[k] for h, r in zip(runs["head"], runs["base"]) if r[k]]
-        larger = k in LARGER_BETTER
+        larger = larger_better(k)
         won = sum((p > 1) if larger else (p < 1) for p in pairs)
         note = " (higher is better)" if larger else ""
         print(f"| {k}{note} | {a:.4g} | {b:.4g} | {b / a:.3f} | {np.median(pairs):.3f} "

@@ -140,9 +140,11 @@ typedef void (*kd_estimate_fn)(const struct kd_quant *q, const struct kd_qcode *
                                const uint8_t *codes, const uint32_t *rows, size_t n, float *out);
 /* The estimator for q's code type, SIMD where the CPU has it. */
 kd_estimate_fn kd_estimator(const struct kd_quant *q);
-/* A named 1-bit variant, "scalar", "popcnt" or "avx2", or NULL where the
- * CPU lacks it (tests). */
+/* A named 1-bit variant, "scalar", "popcnt", "avx2" or "avx512" (with
+ * VPOPCNTQ), or NULL where the CPU lacks it (tests). */
 kd_estimate_fn kd_estimator_named(const char *name);
+/* The name of the 1-bit variant kd_estimator picks on this CPU. */
+const char *kd_estimator_variant(void);
 /* The estimate from the refinements of rows (refined: refine_size bytes a
  * row), with the codes' tails. */
 typedef void (*kd_refine_fn)(const struct kd_quant *q, const struct kd_qcode *qc,

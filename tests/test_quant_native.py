@@ -1,8 +1,9 @@
 """Runs the C test of the 1-bit estimators and the distance kernels
 (tests/c/test_quant.c): every estimator variant this CPU has returns estimates
 bit-identical to the scalar reference, which tracks the true distances, and
-every kernel variant (AVX2, AVX-512) agrees with the scalar kernels. It needs
-a C compiler; it skips, saying why, without one."""
+every kernel variant (AVX2, AVX-512) agrees with the scalar kernels; the
+estimator searches use (`kd.features()["estimate"]`) is among those checked.
+It needs a C compiler; it skips, saying why, without one."""
 import os
 import shutil
 import subprocess
@@ -37,3 +38,7 @@ def test_estimators_match_scalar_reference(tmp_path):
     for name in ("avx2", "avx512"):
         ran = f"ran {name} kernels:" in r.stdout
         assert ran == bool(feats[name]), (name, feats, r.stdout)
+    # The 1-bit estimator searches use is one of those checked here.
+    checked = {"scalar"} | {name for name in ("popcnt", "avx2", "avx512")
+                            if f"skip {name}: " not in r.stdout}
+    assert feats["estimate"] in checked, (feats, r.stdout)

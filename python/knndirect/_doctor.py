@@ -366,7 +366,7 @@ def format_report(r):
             rows.append(f"  fallbacks     {', '.join(r['fallbacks'])}")
     f = r["features"]
     rows.append(f"  SIMD          {r['simd']} (CPU: avx2 {_yes(f.get('avx2'))}, "
-                f"avx512 {_yes(f.get('avx512'))})")
+                f"avx512 {_yes(f.get('avx512'))}); 1-bit estimate {f.get('estimate')}")
     ix = r["index"]
     if ix:
         if "error" in ix:

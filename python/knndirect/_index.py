@@ -53,7 +53,9 @@ def features() -> dict:
         ``io_uring`` (bool: the io_uring backend was compiled in; the kernel
         or a container may still block it, see ``info()["fallbacks"]``),
         ``avx2`` and ``avx512`` (bool: CPU support), ``simd`` (str: the
-        kernel set in use, e.g. "avx2" or "scalar") and ``format_version``
+        kernel set in use, e.g. "avx2" or "scalar"), ``estimate`` (str: the
+        1-bit code estimator in use, "avx512" where the CPU has VPOPCNTQ,
+        else "avx2", "popcnt" or "scalar") and ``format_version``
         (int: the newest index file version this build reads and writes;
         files without refined codes are written as version 2).
     """

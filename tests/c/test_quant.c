@@ -79,7 +79,7 @@ static void refined_case(const struct kd_quant *q, const struct kd_qcode *qc, co
 static void one_case(uint32_t dim, int metric, uint32_t refine)
 {
     const size_t n = 600;
-    const char *variants[] = {"popcnt", "avx2"};
+    const char *variants[] = {"popcnt", "avx2", "avx512"};
     struct kd_quant q;
     struct kd_qcode qc;
     memset(&qc, 0, sizeof qc);

@@ -214,4 +214,8 @@ MUTATIONS = [
          edits=[("    return u & 0x80000000u ? ~u : u | 0x80000000u;", "    return u | 0x80000000u;")],
          tests=["tests/test_recall.py"],
          est=40, why="beams with negative distances (ip) would come out misordered: recall falls"),
+    dict(name="estimate-avx512-mask", file="csrc/quant.c",
+         edits=[("    return left >= 8 ? (__mmask8)0xff : (__mmask8)((1u << left) - 1);", "    return (void)left, (__mmask8)0xff;")],
+         tests=["tests/test_quant_native.py"],
+         est=15, why="on AVX-512 CPUs every 1-bit estimate under 512 dimensions would count the code's tail and the next row's bits"),
 ]
