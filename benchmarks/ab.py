@@ -128,6 +128,45 @@ def run_once(lib, argv, workload=WORKLOAD):
     return json.loads(line[3:])
 
 
+def interleave(libs, rounds, argv_of, workload=WORKLOAD):
+    """Each round runs the workload once per build, base first in odd rounds
+    and head first in even ones; argv_of(name) gives that side's arguments.
+    Returns each side's figures, round by round."""
+    runs = {"base": [], "head": []}
+    for r in range(rounds):
+        for name in ("base", "head") if r % 2 == 0 else ("head", "base"):
+            runs[name].append(run_once(libs[name], argv_of(name), workload))
+            print(f"round {r + 1} {name}: " + ", ".join(f"{k} {v:.4g}"
+                                                       for k, v in runs[name][-1].items()),
+                  flush=True)
+    return runs
+
+
+def short_args(description, dim, rounds):
+    """The options of the short A/Bs (ab_build.py, ab_search.py)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--base", required=True, help="git revision A")
+    p.add_argument("--head", default=None, help="git revision B (default: the working tree)")
+    p.add_argument("--n", type=int, default=100_000)
+    p.add_argument("--dim", type=int, default=dim)
+    p.add_argument("--metric", default="cosine", choices=["cosine", "l2", "ip"])
+    p.add_argument("--rounds", type=int, default=rounds)
+    return p
+
+
+def short_setup(args, work):
+    """Both builds, and n clustered rows with 1,000 queries of the same draw
+    saved in work: the libs and the two files' paths."""
+    from knndirect.datasets import clustered
+
+    libs = {"base": build(args.base, work, "base"), "head": build(args.head, work, "head")}
+    allv = clustered(args.n + 1000, args.dim, seed=7)
+    files = [os.path.join(work, "x.npy"), os.path.join(work, "q.npy")]
+    np.save(files[0], allv[:args.n])
+    np.save(files[1], np.ascontiguousarray(allv[args.n:]))
+    return libs, files
+
+
 def report(runs, args):
     """The table: medians per build, their ratio, and the paired ratios."""
     keys = list(runs["base"][0])
@@ -182,14 +221,7 @@ def main(argv=None):
     np.save(files[1], queries)
     np.save(files[2], ground_truth(data, queries, 10, "l2")[0])
 
-    runs = {"base": [], "head": []}
-    for r in range(args.rounds):
-        order = ("base", "head") if r % 2 == 0 else ("head", "base")
-        for name in order:
-            runs[name].append(run_once(libs[name], [*files, os.path.join(work, name + ".kdx")]))
-            print(f"round {r + 1} {name}: " + ", ".join(f"{k} {v:.4g}"
-                                                       for k, v in runs[name][-1].items()),
-                  flush=True)
+    runs = interleave(libs, args.rounds, lambda name: [*files, os.path.join(work, name + ".kdx")])
     report(runs, vars(args))
     if args.json:
         with open(args.json, "w") as f:

@@ -14,13 +14,10 @@ time: ten rounds fit where ab.py's full workload runs three. The table is
 ab.py's: each side's median, their ratio, the median and range of the
 per-round ratios, and the rounds the head won.
 """
-import argparse
 import os
 import shutil
 import sys
 import tempfile
-
-import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -53,34 +50,16 @@ print("AB " + json.dumps({"build_s": wall, "build_cpu_s": cpu,
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", required=True, help="git revision A")
-    p.add_argument("--head", default=None, help="git revision B (default: the working tree)")
-    p.add_argument("--n", type=int, default=100_000)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--metric", default="cosine", choices=["cosine", "l2", "ip"])
+    p = ab.short_args(__doc__.split("\n\n")[0], dim=256, rounds=10)
     p.add_argument("--threads", type=int, default=2, help="build threads")
-    p.add_argument("--rounds", type=int, default=10)
     args = p.parse_args(argv)
-
-    from knndirect.datasets import clustered
-
     work = tempfile.mkdtemp(prefix="kd-ab-build-")
     try:
-        libs = {"base": ab.build(args.base, work, "base"), "head": ab.build(args.head, work, "head")}
-        allv = clustered(args.n + 1000, args.dim, seed=7)
-        files = [os.path.join(work, "x.npy"), os.path.join(work, "q.npy")]
-        np.save(files[0], allv[:args.n])
-        np.save(files[1], np.ascontiguousarray(allv[args.n:]))
-        runs = {"base": [], "head": []}
-        for r in range(args.rounds):
-            for name in ("base", "head") if r % 2 == 0 else ("head", "base"):
-                runs[name].append(ab.run_once(
-                    libs[name], [*files, str(args.threads), args.metric], WORKLOAD))
-                print(f"round {r + 1} {name}: {runs[name][-1]}", flush=True)
+        libs, files = ab.short_setup(args, work)
+        runs = ab.interleave(libs, args.rounds,
+                             lambda name: [*files, str(args.threads), args.metric], WORKLOAD)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
     ab.report(runs, dict(vars(args), queries=1000))
 
 

@@ -18,13 +18,10 @@ figures come twice, by the wall clock and by the process's CPU time (the
 for the default search; equal recall on both sides says the two returned
 the same answers' worth. The table is ab.py's.
 """
-import argparse
 import os
 import shutil
 import sys
 import tempfile
-
-import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -79,34 +76,15 @@ print("AB " + json.dumps({
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", required=True, help="git revision A")
-    p.add_argument("--head", default=None, help="git revision B (default: the working tree)")
-    p.add_argument("--n", type=int, default=100_000)
-    p.add_argument("--dim", type=int, default=384)
-    p.add_argument("--metric", default="cosine", choices=["cosine", "l2", "ip"])
-    p.add_argument("--rounds", type=int, default=7)
-    args = p.parse_args(argv)
-
-    from knndirect.datasets import clustered
-
+    args = ab.short_args(__doc__.split("\n\n")[0], dim=384, rounds=7).parse_args(argv)
     work = tempfile.mkdtemp(prefix="kd-ab-search-")
     try:
-        libs = {"base": ab.build(args.base, work, "base"), "head": ab.build(args.head, work, "head")}
-        allv = clustered(args.n + 1000, args.dim, seed=7)
-        x, q = (os.path.join(work, f) for f in ("x.npy", "q.npy"))
-        np.save(x, allv[:args.n])
-        np.save(q, np.ascontiguousarray(allv[args.n:]))
+        libs, (x, q) = ab.short_setup(args, work)
         index = os.path.join(work, "index.kdx")
         ab.run_once(libs["head"], [x, q, index, args.metric], BUILD)
-        runs = {"base": [], "head": []}
-        for r in range(args.rounds):
-            for name in ("base", "head") if r % 2 == 0 else ("head", "base"):
-                runs[name].append(ab.run_once(libs[name], [index, q], SEARCH))
-                print(f"round {r + 1} {name}: {runs[name][-1]}", flush=True)
+        runs = ab.interleave(libs, args.rounds, lambda name: [index, q], SEARCH)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
     ab.report(runs, dict(vars(args), queries=1000))
 
 
