@@ -3,6 +3,8 @@ process CPU) and a 1-thread batch search, for changes to the build's inner
 loop whose gain is a few percent.
 
     python benchmarks/ab_build.py --base REV [--head REV] [--n 100000] [--dim 256] [--rounds 10]
+    python benchmarks/ab_build.py --base HEAD --head HEAD --dim 384 \
+        --base-cache 1e18 --head-cache 1      # build codes alone against the 1-bit beam
 
 Each revision is built out of tree as benchmarks/ab.py does (--head
 defaults to the working tree, uncommitted changes included). Each round
@@ -12,7 +14,10 @@ threads), then times five 1-thread batch searches of 1,000 queries at ef
 64 and keeps their median. Nothing is saved, so a round takes one build's
 time: ten rounds fit where ab.py's full workload runs three. The table is
 ab.py's: each side's median, their ratio, the median and range of the
-per-round ratios, and the rounds the head won.
+per-round ratios, and the rounds the head won. --base-cache / --head-cache
+make that side's build take the last-level cache to hold so many bytes
+(the core's test hook), which decides whether insertion's beam scores with
+the 1-bit codes: one revision against itself.
 """
 import os
 import shutil
@@ -32,6 +37,8 @@ import knndirect as kd
 
 x = np.load(sys.argv[1])
 q = np.load(sys.argv[2])
+if sys.argv[5]:
+    kd._core._set_cache_bytes(int(float(sys.argv[5])))
 index = kd.Index(x.shape[1], sys.argv[4], m=16, ef_construction=200, seed=1)
 r0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
@@ -52,12 +59,16 @@ print("AB " + json.dumps({"build_s": wall, "build_cpu_s": cpu,
 def main(argv=None):
     p = ab.short_args(__doc__.split("\n\n")[0], dim=256, rounds=10)
     p.add_argument("--threads", type=int, default=2, help="build threads")
+    p.add_argument("--base-cache", default="", help="last-level cache bytes the base build assumes")
+    p.add_argument("--head-cache", default="", help="last-level cache bytes the head build assumes")
     args = p.parse_args(argv)
+    cache = {"base": args.base_cache, "head": args.head_cache}
     work = tempfile.mkdtemp(prefix="kd-ab-build-")
     try:
         libs, files = ab.short_setup(args, work)
         runs = ab.interleave(libs, args.rounds,
-                             lambda name: [*files, str(args.threads), args.metric], WORKLOAD)
+                             lambda name: [*files, str(args.threads), args.metric, cache[name]],
+                             WORKLOAD)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ab.report(runs, dict(vars(args), queries=1000))
