@@ -26,6 +26,7 @@ class _Features(TypedDict):
     avx2: bool
     avx512: bool
     simd: str
+    estimate: str
     format_version: int
     min_format_version: int
 
