@@ -18,6 +18,7 @@ medians, and the median of the per-round ratios (each round's two runs ran
 back to back, under the same load).
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -154,17 +155,23 @@ def short_args(description, dim, rounds):
     return p
 
 
-def short_setup(args, work):
-    """Both builds, and n clustered rows with 1,000 queries of the same draw
-    saved in work: the libs and the two files' paths."""
+@contextlib.contextmanager
+def short_work(args, prefix):
+    """A scratch folder holding both builds, and n clustered rows with 1,000
+    queries of the same draw; yields (folder, libs, the two files' paths)
+    and removes the folder afterwards."""
     from knndirect.datasets import clustered
 
-    libs = {"base": build(args.base, work, "base"), "head": build(args.head, work, "head")}
-    allv = clustered(args.n + 1000, args.dim, seed=7)
-    files = [os.path.join(work, "x.npy"), os.path.join(work, "q.npy")]
-    np.save(files[0], allv[:args.n])
-    np.save(files[1], np.ascontiguousarray(allv[args.n:]))
-    return libs, files
+    work = tempfile.mkdtemp(prefix=prefix)
+    try:
+        libs = {"base": build(args.base, work, "base"), "head": build(args.head, work, "head")}
+        allv = clustered(args.n + 1000, args.dim, seed=7)
+        files = [os.path.join(work, "x.npy"), os.path.join(work, "q.npy")]
+        np.save(files[0], allv[:args.n])
+        np.save(files[1], np.ascontiguousarray(allv[args.n:]))
+        yield work, libs, files
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def report(runs, args):

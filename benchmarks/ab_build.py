@@ -20,9 +20,7 @@ make that side's build take the last-level cache to hold so many bytes
 the 1-bit codes: one revision against itself.
 """
 import os
-import shutil
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -63,14 +61,10 @@ def main(argv=None):
     p.add_argument("--head-cache", default="", help="last-level cache bytes the head build assumes")
     args = p.parse_args(argv)
     cache = {"base": args.base_cache, "head": args.head_cache}
-    work = tempfile.mkdtemp(prefix="kd-ab-build-")
-    try:
-        libs, files = ab.short_setup(args, work)
+    with ab.short_work(args, "kd-ab-build-") as (_, libs, files):
         runs = ab.interleave(libs, args.rounds,
                              lambda name: [*files, str(args.threads), args.metric, cache[name]],
                              WORKLOAD)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     ab.report(runs, dict(vars(args), queries=1000))
 
 

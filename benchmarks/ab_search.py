@@ -19,9 +19,7 @@ for the default search; equal recall on both sides says the two returned
 the same answers' worth. The table is ab.py's.
 """
 import os
-import shutil
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -77,14 +75,10 @@ print("AB " + json.dumps({
 
 def main(argv=None):
     args = ab.short_args(__doc__.split("\n\n")[0], dim=384, rounds=7).parse_args(argv)
-    work = tempfile.mkdtemp(prefix="kd-ab-search-")
-    try:
-        libs, (x, q) = ab.short_setup(args, work)
+    with ab.short_work(args, "kd-ab-search-") as (work, libs, (x, q)):
         index = os.path.join(work, "index.kdx")
         ab.run_once(libs["head"], [x, q, index, args.metric], BUILD)
         runs = ab.interleave(libs, args.rounds, lambda name: [index, q], SEARCH)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     ab.report(runs, dict(vars(args), queries=1000))
 
 
