@@ -3,11 +3,12 @@ index, for changes to the search's kernels that leave the file format and
 the graph alone.
 
     python benchmarks/ab_search.py --base REV [--head REV] [--n 100000] [--dim 384] [--rounds 7]
+                                   [--quantization 1bit|1bit+4bit]
 
 Each revision is built out of tree as benchmarks/ab.py does (--head
 defaults to the working tree, uncommitted changes included). The head
 builds one index of clustered data (M 16, ef_construction 200, seed 1,
-2 threads) and saves it with the exact answers of 1,000 queries. Each
+2 threads, the codes --quantization names) and saves it with the exact answers of 1,000 queries. Each
 round then runs one fresh process per build, in alternating order; a
 process loads the index (kd.load: everything in RAM) and times batches of
 the 1,000 queries, each figure the median of seven passes: the default
@@ -34,7 +35,8 @@ import knndirect as kd
 
 x = np.load(sys.argv[1])
 q = np.load(sys.argv[2])
-index = kd.Index(x.shape[1], sys.argv[4], m=16, ef_construction=200, seed=1)
+index = kd.Index(x.shape[1], sys.argv[4], m=16, ef_construction=200, seed=1,
+                 quantization=sys.argv[5])
 index.add(x, threads=2)
 index.save(sys.argv[3])
 _, truth = index.search(q, k=10, exact=True, threads=2)
@@ -74,10 +76,12 @@ print("AB " + json.dumps({
 
 
 def main(argv=None):
-    args = ab.short_args(__doc__.split("\n\n")[0], dim=384, rounds=7).parse_args(argv)
+    p = ab.short_args(__doc__.split("\n\n")[0], dim=384, rounds=7)
+    p.add_argument("--quantization", default="1bit", choices=["1bit", "1bit+4bit"])
+    args = p.parse_args(argv)
     with ab.short_work(args, "kd-ab-search-") as (work, libs, (x, q)):
         index = os.path.join(work, "index.kdx")
-        ab.run_once(libs["head"], [x, q, index, args.metric], BUILD)
+        ab.run_once(libs["head"], [x, q, index, args.metric, args.quantization], BUILD)
         runs = ab.interleave(libs, args.rounds, lambda name: [index, q], SEARCH)
     ab.report(runs, dict(vars(args), queries=1000))
 

@@ -595,6 +595,44 @@ refine_avx2(const struct kd_quant *q, const struct kd_qcode *qc, const uint8_t *
         out[r] = finish_refined(q, qc, code, head, _mm_cvtss_f32(h));
     }
 }
+
+__attribute__((target("avx512f"))) static inline __m512 widen16(__m128i levels)
+{
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(levels));
+}
+
+/* 64 levels a step: the same split and interleave over 256 bits, whose
+ * lanes then hold dimensions 0-15 and 32-47 (first), 16-31 and 48-63
+ * (second), each widened 16 at a time. */
+__attribute__((target("avx512f,avx2,fma"))) static void
+refine_avx512(const struct kd_quant *q, const struct kd_qcode *qc, const uint8_t *codes,
+              const uint8_t *refined, const uint32_t *rows, size_t n, float *out)
+{
+    const __m256i low = _mm256_set1_epi8(0x0f), mid = _mm256_set1_epi8(KD_REFINE_MID);
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *code = codes + (size_t)rows[r] * q->code_size;
+        const uint8_t *head = refined + (size_t)rows[r] * q->refine_size;
+        const uint8_t *lv = head + sizeof(struct kd_refine_head);
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+        for (uint32_t i = 0; i < q->pdim; i += 64) {
+            __m256i b = _mm256_loadu_si256((const __m256i *)(lv + i / 2));
+            __m256i lo = _mm256_and_si256(b, low),
+                    hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+            __m256i first = _mm256_sub_epi8(_mm256_unpacklo_epi8(lo, hi), mid),
+                    second = _mm256_sub_epi8(_mm256_unpackhi_epi8(lo, hi), mid);
+            const float *x = qc->rot + i;
+            __m512 d0 = widen16(_mm256_castsi256_si128(first)),
+                   d16 = widen16(_mm256_castsi256_si128(second)),
+                   d32 = widen16(_mm256_extracti128_si256(first, 1)),
+                   d48 = widen16(_mm256_extracti128_si256(second, 1));
+            acc0 = _mm512_fmadd_ps(d0, _mm512_loadu_ps(x), acc0);
+            acc1 = _mm512_fmadd_ps(d16, _mm512_loadu_ps(x + 16), acc1);
+            acc0 = _mm512_fmadd_ps(d32, _mm512_loadu_ps(x + 32), acc0);
+            acc1 = _mm512_fmadd_ps(d48, _mm512_loadu_ps(x + 48), acc1);
+        }
+        out[r] = finish_refined(q, qc, code, head, _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)));
+    }
+}
 #endif
 
 kd_refine_fn kd_refiner_named(const char *name)
@@ -606,16 +644,25 @@ kd_refine_fn kd_refiner_named(const char *name)
     if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") &&
         __builtin_cpu_supports("fma"))
         return refine_avx2;
+    if (strcmp(name, "avx512") == 0 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return refine_avx512;
 #endif
     return NULL;
 }
 
+const char *kd_refiner_variant(void)
+{
+    static const char *const names[] = {"avx512", "avx2"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (kd_refiner_named(names[i]))
+            return names[i];
+    return "scalar";
+}
+
 kd_refine_fn kd_refiner(const struct kd_quant *q)
 {
-    if (!q->refine)
-        return NULL;
-    kd_refine_fn f = kd_refiner_named("avx2");
-    return f ? f : refine_scalar;
+    return q->refine ? kd_refiner_named(kd_refiner_variant()) : NULL;
 }
 
 /* Codes are code_size bytes apart (sign words plus a 20-byte tail), so their

@@ -150,9 +150,11 @@ const char *kd_estimator_variant(void);
 typedef void (*kd_refine_fn)(const struct kd_quant *q, const struct kd_qcode *qc,
                              const uint8_t *codes, const uint8_t *refined, const uint32_t *rows,
                              size_t n, float *out);
-/* "scalar" or "avx2" (NULL where the CPU lacks it); kd_refiner picks the
- * best, NULL when q has no refinement. */
+/* "scalar", "avx2" or "avx512" (NULL where the CPU lacks it); kd_refiner
+ * picks the best, NULL when q has no refinement. */
 kd_refine_fn kd_refiner_named(const char *name);
+/* The name of the variant kd_refiner picks on this CPU. */
+const char *kd_refiner_variant(void);
 kd_refine_fn kd_refiner(const struct kd_quant *q);
 
 #endif

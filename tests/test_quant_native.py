@@ -2,7 +2,8 @@
 (tests/c/test_quant.c): every estimator variant this CPU has returns estimates
 bit-identical to the scalar reference, which tracks the true distances, and
 every kernel variant (AVX2, AVX-512) agrees with the scalar kernels; the
-estimator searches use (`kd.features()["estimate"]`) is among those checked.
+estimator searches use (`kd.features()["estimate"]`) is among those checked, and
+so is the refined codes' one (`kd.features()["refine"]`).
 It needs a C compiler; it skips, saying why, without one."""
 import os
 import shutil
@@ -42,3 +43,7 @@ def test_estimators_match_scalar_reference(tmp_path):
     checked = {"scalar"} | {name for name in ("popcnt", "avx2", "avx512")
                             if f"skip {name}: " not in r.stdout}
     assert feats["estimate"] in checked, (feats, r.stdout)
+    # So is the refined codes' estimator.
+    checked = {"scalar"} | {name for name in ("avx2", "avx512")
+                            if f"skip refined {name}: " not in r.stdout}
+    assert feats["refine"] in checked, (feats, r.stdout)

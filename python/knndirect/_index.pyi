@@ -27,6 +27,7 @@ class _Features(TypedDict):
     avx512: bool
     simd: str
     estimate: str
+    refine: str
     format_version: int
     min_format_version: int
 

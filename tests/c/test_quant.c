@@ -9,7 +9,7 @@
  * summation order, and its Walsh-Hadamard transform bit for bit. Refined
  * codes: the 1-bit part estimates as before, the refined estimate tracks the
  * true distances at least four times closer than the 1-bit one, and its AVX2
- * variant agrees with the scalar one up to summation order. A variant
+ * and AVX-512 variants agree with the scalar one up to summation order. A variant
  * this CPU lacks prints "skip ..."; one that ran prints "ran ...".
  * Run by tests/test_quant_native.py, or:
  *   gcc -O2 -g -std=c11 -Icsrc csrc/common.c csrc/distance.c csrc/quant.c \
@@ -62,15 +62,18 @@ static void refined_case(const struct kd_quant *q, const struct kd_qcode *qc, co
     double spread, e = mean_error(x, query, dim, metric, rows, ref, n, &spread);
     CHECK(e < 0.25 * coarse_error, "dim %u metric %d: refined error %.4g vs 1-bit %.4g", dim,
           metric, e, coarse_error);
-    kd_refine_fn f = kd_refiner_named("avx2");
-    if (!f) {
-        printf("skip refined avx2: this CPU lacks it\n");
-    } else {
+    static const char *const variants[] = {"avx2", "avx512"};
+    for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
+        kd_refine_fn f = kd_refiner_named(variants[v]);
+        if (!f) {
+            printf("skip refined %s: this CPU lacks it\n", variants[v]);
+            continue;
+        }
         f(q, qc, codes, refined, rows, n, got);
         int same = 1;
         for (size_t i = 0; i < n; i++)
             same &= fabsf(got[i] - ref[i]) <= 1e-4f * (fabsf(ref[i]) + (float)spread);
-        CHECK(same, "refined avx2 differs from scalar at dim %u", dim);
+        CHECK(same, "refined %s differs from scalar at dim %u", variants[v], dim);
     }
     free(ref);
     free(got);

@@ -218,4 +218,9 @@ MUTATIONS = [
          edits=[("    return left >= 8 ? (__mmask8)0xff : (__mmask8)((1u << left) - 1);", "    return (void)left, (__mmask8)0xff;")],
          tests=["tests/test_quant_native.py"],
          est=15, why="on AVX-512 CPUs every 1-bit estimate under 512 dimensions would count the code's tail and the next row's bits"),
+    dict(name="refine-avx512-lanes", file="csrc/quant.c",
+         edits=[("_mm512_fmadd_ps(d16, _mm512_loadu_ps(x + 16), acc1);",
+                 "_mm512_fmadd_ps(d16, _mm512_loadu_ps(x + 32), acc1);")],
+         tests=["tests/test_quant_native.py"],
+         est=15, why="on AVX-512 CPUs refined estimates would pair dimensions 16-31's levels with the query's 32-47"),
 ]
