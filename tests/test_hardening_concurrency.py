@@ -213,9 +213,14 @@ def test_gil_released_during_long_calls(big, call, tmp_path):
     save runs on a disk made slow by the test hook, 100 ms a write.)"""
     idx, x, path = big
     if call == "add":
-        scratch = kd.Index(64, "l2", m=6, ef_construction=24)
-        scratch.add(x[:2000], threads=1)
-        fn = lambda: scratch.add(x[2000:10000], threads=1)   # new ids at each attempt
+        # Graph insertion alone: each attempt adds 3,000 new rows to 10,000,
+        # never doubling the calibrated count, so no add measures a new
+        # calibration table (its searches release the GIL and would hide an
+        # insertion that does not).
+        scratch = kd.Index(64, "l2", m=16, ef_construction=200)
+        scratch.add(x[:10000], threads=1)
+        starts = iter(range(10000, 19000, 3000))
+        fn = lambda: (lambda s: scratch.add(x[s:s + 3000], threads=1))(next(starts))
     elif call in ("search", "exact"):
         exact = call == "exact"
         q = x[np.random.default_rng(1).integers(0, 20000, size=3000)]

@@ -42,17 +42,17 @@ MUTATIONS = [
          est=35, why="knndirect.load(file object) would hold the GIL between the chunk reads"),
     dict(name="gil-save-path", file="csrc/pyext/index.c",
          edits=_gil("Py_BEGIN_ALLOW_THREADS err = kd_index_save_path(ix, path);\n"
-                    "        Py_END_ALLOW_THREADS leave(self);"),
+                    "        Py_END_ALLOW_THREADS kd_py_leave(self);"),
          tests=["tests/test_storage_io.py::test_gil_released_while_saving[path]",
                 "tests/test_hardening_concurrency.py::test_gil_released_during_long_calls[save]"],
          est=40, why="Index.save(path) would stop other threads for the whole write and fsync"),
     dict(name="gil-save-file", file="csrc/pyext/index.c",
          edits=_gil("    if (kd_pywriter_init(&w, &pw, file)) {\n"
-                    "        leave(self);\n"
+                    "        kd_py_leave(self);\n"
                     "        return NULL;\n"
                     "    }\n"
                     "    Py_BEGIN_ALLOW_THREADS err = kd_index_save(ix, &w);\n"
-                    "    Py_END_ALLOW_THREADS leave(self);"),
+                    "    Py_END_ALLOW_THREADS kd_py_leave(self);"),
          tests=["tests/test_storage_io.py::test_gil_released_while_saving[file]"],
          est=35, why="Index.save(file object) would hold the GIL between the chunk writes"),
     dict(name="gil-add", file="csrc/pyext/index.c",
@@ -61,10 +61,13 @@ MUTATIONS = [
          tests=["tests/test_hardening_concurrency.py::test_gil_released_during_long_calls[add]"],
          est=40, why="Index.add (graph construction, the longest call) would freeze other threads"),
     dict(name="gil-search", file="csrc/pyext/index.c",
-         edits=_gil("Py_BEGIN_ALLOW_THREADS err = kd_index_search(ix, qv.buf, nq, &sp,\n"
-                    "                                                 PyArray_DATA((PyArrayObject *)dist),\n"
-                    "                                                 PyArray_DATA((PyArrayObject *)ids_out));\n"
-                    "    Py_END_ALLOW_THREADS out : PyBuffer_Release(&qv);"),
+         edits=_gil("Py_BEGIN_ALLOW_THREADS err = kd_index_search(ix, s.qv.buf, s.nq, &s.sp,\n"
+                    "                                                     PyArray_DATA((PyArrayObject *)s.dist),\n"
+                    "                                                     PyArray_DATA((PyArrayObject *)s.ids));\n"
+                    "        Py_END_ALLOW_THREADS\n"
+                    "    }\n"
+                    "    kd_py_leave(self);\n"
+                    "    return kd_py_search_finish(&s, err);"),
          tests=["tests/test_hardening_concurrency.py::test_gil_released_during_long_calls[search]",
                 "tests/test_hardening_concurrency.py::test_gil_released_during_long_calls[exact]"],
          est=40, why="searches from several Python threads would run one at a time"),
@@ -95,7 +98,7 @@ MUTATIONS = [
 
     # ---- 4. early reads
     dict(name="early-reads-off", file="csrc/search.c",
-         edits=[("early_ok = reading && ix->read_early;", "early_ok = 0;")],
+         edits=[("early_ok = reading && may_read_early && !ix->refine;", "early_ok = 0;")],
          tests=["tests/test_early_reads.py"],
          est=35, why="the SSD reads would no longer overlap the graph walk (higher latency on io_uring)"),
 
