@@ -26,6 +26,16 @@ _DESCENDING = {"l2": False, "ip": True, "cosine": True}
 # data
 # --------------------------------------------------------------------------
 
+def repo_text(name):
+    """A file of the source tree (relative to its root) as text; skips the
+    calling test where the tests run outside the tree (an installed package)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), name)
+    if not os.path.isfile(path):
+        pytest.skip(f"{name} is not here (tests run outside the source tree)")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 def spectrum(d):
     """Per-dimension scale of a decaying spectrum: 1/sqrt(1 + i/8)."""
     return (1.0 / np.sqrt(1.0 + np.arange(d) / 8.0)).astype(np.float64)

@@ -12,20 +12,13 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "mutations"))
 
+from conftest import repo_text  # noqa: E402
 from mutations import MUTATIONS  # noqa: E402
-
-
-def _source(path):
-    full = os.path.join(ROOT, path)
-    if not os.path.exists(full):
-        pytest.skip(f"{path} is not beside the tests (installed-package run)")
-    with open(full, encoding="utf-8") as f:
-        return f.read()
 
 
 @pytest.mark.parametrize("m", MUTATIONS, ids=[m["name"] for m in MUTATIONS])
 def test_anchor_occurs_once(m):
-    text = _source(m["file"])
+    text = repo_text(m["file"])
     for i, (original, replacement) in enumerate(m["edits"], 1):
         assert original != replacement, f"{m['name']} edit {i} changes nothing"
         assert text.count(original) == 1, (
@@ -33,7 +26,10 @@ def test_anchor_occurs_once(m):
 
 
 def _test_names(path):
-    tree = ast.parse(_source(path))
+    full = os.path.join(ROOT, path)
+    assert os.path.exists(full), f"{path} does not exist"
+    with open(full, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
     return {n.name for n in ast.walk(tree)
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test")}
 
@@ -43,8 +39,6 @@ def test_named_tests_exist(m):
     assert m["tests"], f"{m['name']} names no test"
     for node in m["tests"]:
         path, _, rest = node.partition("::")
-        if not path.startswith("tests/"):
-            path = "tests/" + path
         names = _test_names(path)
         if rest:
             func = rest.split("::")[-1].split("[")[0]

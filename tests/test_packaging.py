@@ -12,21 +12,14 @@ import tarfile
 import pytest
 
 import knndirect as kd
+from conftest import repo_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.dirname(os.path.abspath(kd.__file__))
 
 
-def _source(name):
-    path = os.path.join(ROOT, name)
-    if not os.path.isfile(path):
-        pytest.skip(f"{name} is not here (tests run outside the source tree)")
-    with open(path, encoding="utf-8") as f:
-        return f.read()
-
-
 def _pyproject():
-    text = _source("pyproject.toml")
+    text = repo_text("pyproject.toml")
     try:
         import tomllib
     except ImportError:
@@ -44,7 +37,7 @@ def test_features_keys():
 
 
 def test_setup_py_never_targets_the_build_cpu():
-    text = _source("setup.py")
+    text = repo_text("setup.py")
     assert "-march" not in text and "-mtune" not in text and "native" not in text
     assert "KNNDIRECT_NO_URING" in text
 
@@ -72,7 +65,7 @@ def test_installed_package_has_stubs_and_marker():
 def test_sdist_carries_c_sources_tests_and_notebook(tmp_path):
     """Build an sdist from a copy of the source tree (no isolation, so no
     downloads) and list it."""
-    _source("MANIFEST.in")
+    repo_text("MANIFEST.in")
     pytest.importorskip("setuptools", reason="setuptools is not installed")
     # Probe from tmp_path: a build/ folder in the current directory would
     # shadow the package.
@@ -118,7 +111,7 @@ def test_sdist_carries_c_sources_tests_and_notebook(tmp_path):
 def _setup_py_says(env):
     """Run `setup.py --name` (module level only: the liburing probe, no
     build) and return (exit status, its knndirect: lines)."""
-    _source("setup.py")
+    repo_text("setup.py")
     full = {k: v for k, v in os.environ.items()
             if not k.startswith(("KNNDIRECT_URING", "KNNDIRECT_LIBURING", "KNNDIRECT_NO_URING"))}
     full.update(env)
@@ -173,7 +166,7 @@ def test_cibuildwheel_config():
 
 
 def test_manifest_ships_build_inputs_and_wheel_tools():
-    text = _source("MANIFEST.in")
+    text = repo_text("MANIFEST.in")
     assert "recursive-include csrc *.txt" in text
     assert "recursive-include tools" in text
 
