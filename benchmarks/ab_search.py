@@ -12,9 +12,9 @@ builds one index of clustered data (M 16, ef_construction 200, seed 1,
 answers of 1,000 queries. Each round then runs one fresh process per
 build, in alternating order; a process loads the index (kd.load:
 everything in RAM) and times batches of the 1,000 queries, each figure the
-median of seven passes: the default
-search (the calibrated target 0.95) with 1 and 2 threads, and ef 16 with
-no oversampling (the beam almost alone) with 1 thread. The 1-thread
+median of seven passes: the default search (the calibrated target 0.95)
+with 1 and 2 threads, and ef 16 with no oversampling (the beam almost
+alone) with 1 thread. The 1-thread
 figures come twice, by the wall clock and by the process's CPU time (the
 "cpu" rows: time this process did not run is not counted). Recall is given
 for the default search; equal recall on both sides says the two returned

@@ -220,7 +220,10 @@ def test_gil_released_during_long_calls(big, call, tmp_path):
         scratch = kd.Index(64, "l2", m=16, ef_construction=200)
         scratch.add(x[:10000], threads=1)
         starts = iter(range(10000, 19000, 3000))
-        fn = lambda: (lambda s: scratch.add(x[s:s + 3000], threads=1))(next(starts))
+
+        def fn():
+            s = next(starts)
+            return scratch.add(x[s:s + 3000], threads=1)
     elif call in ("search", "exact"):
         exact = call == "exact"
         q = x[np.random.default_rng(1).integers(0, 20000, size=3000)]
