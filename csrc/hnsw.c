@@ -504,6 +504,8 @@ struct insert_ctx {
     uint64_t next, last;
     int err;
     const uint32_t *nodes; /* reconnect nodes[next..last) instead of inserting */
+    const uint32_t *order; /* else insertion i takes node order[i - first], or i */
+    uint64_t first;
 };
 
 struct from_node {
@@ -753,7 +755,7 @@ static void *insert_worker(void *arg)
     struct kd_heap_item *buf = malloc(nbuf * sizeof *buf);
     uint32_t *rows = malloc((2 * g->m0 + 4) * sizeof(uint32_t));
     float *dists = malloc((g->m0 + 2) * sizeof(float));
-    int err = kd_scratch_reserve(&s, c->nodes ? g->count : c->last, c->ef, g->m0);
+    int err = kd_scratch_reserve(&s, g->count, c->ef, g->m0);
     struct beam_scratch bs = {0}, *beam = NULL;
     if (c->o->beam && !c->nodes) {
         beam = &bs;
@@ -772,7 +774,8 @@ static void *insert_worker(void *arg)
         if (c->nodes)
             err = reconnect_one(g, c->o, c->nodes[i], c->ef, &s, buf, rows, dists);
         else
-            err = insert_one(g, c->o, (uint32_t)i, c->ef, &s, buf, rows, dists, beam);
+            err = insert_one(g, c->o, c->order ? c->order[i - c->first] : (uint32_t)i, c->ef, &s,
+                             buf, rows, dists, beam);
     }
     if (err)
         __atomic_store_n(&c->err, err, __ATOMIC_RELAXED);
@@ -788,15 +791,16 @@ static void *insert_worker(void *arg)
     return NULL;
 }
 
-int kd_graph_insert_range(struct kd_graph *g, uint64_t first, uint64_t last,
+int kd_graph_insert_range(struct kd_graph *g, uint64_t first, uint64_t last, const uint32_t *order,
                           uint32_t ef_construction, const struct kd_build_oracle *o,
                           unsigned threads)
 {
-    struct insert_ctx c = {g, o, ef_construction, first, last, 0, NULL};
-    g->count = last;
+    struct insert_ctx c = {g, o, ef_construction, first, last, 0, NULL, order, first};
+    if (g->count < last)
+        g->count = last;
     /* The first node alone sets the entry point, so workers start from it. */
     if (g->entry == KD_NONE && first < last) {
-        struct insert_ctx one = {g, o, ef_construction, first, first + 1, 0, NULL};
+        struct insert_ctx one = {g, o, ef_construction, first, first + 1, 0, NULL, order, first};
         insert_worker(&one);
         if (one.err)
             return one.err;
@@ -811,7 +815,7 @@ int kd_graph_insert_range(struct kd_graph *g, uint64_t first, uint64_t last,
 int kd_graph_reconnect(struct kd_graph *g, const uint32_t *nodes, size_t n,
                        uint32_t ef_construction, const struct kd_build_oracle *o, unsigned threads)
 {
-    struct insert_ctx c = {g, o, ef_construction, 0, n, 0, nodes};
+    struct insert_ctx c = {g, o, ef_construction, 0, n, 0, nodes, NULL, 0};
     if (threads > n)
         threads = (unsigned)n;
     if (threads)

@@ -210,15 +210,34 @@ int kd_index_train(struct kd_index *ix, const float *x, size_t n)
     return err;
 }
 
+/* Where the rows an encoding reads and writes lie: row i's vector at
+ * x + i * dim, its inverse norm (normalized metrics), code and refinement
+ * at index i of the other three. */
+struct encoded {
+    const float *x;
+    float *inv_norms;
+    uint8_t *codes, *refined;
+};
+
+static struct encoded index_rows(const struct kd_index *ix, uint64_t first)
+{
+    return (struct encoded){ix->vectors + first * ix->p.dim,
+                            ix->inv_norms ? ix->inv_norms + first : NULL,
+                            ix->codes + first * ix->quant.code_size,
+                            ix->refined ? ix->refined + first * ix->quant.refine_size : NULL};
+}
+
 struct encode_job {
     struct kd_index *ix;
-    uint64_t first, last, next;
+    struct encoded rows;
+    uint64_t n, next;
 };
 
 static void *encode_worker(void *arg)
 {
     struct encode_job *j = arg;
     struct kd_index *ix = j->ix;
+    struct encoded r = j->rows;
     uint32_t d = ix->p.dim;
     int normalized = ix->metric->normalized;
     float *work = malloc(ix->quant.pdim * sizeof(float)), *tmp = malloc(d * sizeof(float));
@@ -226,19 +245,19 @@ static void *encode_worker(void *arg)
      * or, where none could, nothing is encoded (encode_rows says so). */
     while (work && tmp) {
         uint64_t i = __atomic_fetch_add(&j->next, 64, __ATOMIC_RELAXED);
-        if (i >= j->last)
+        if (i >= j->n)
             break;
-        uint64_t end = i + 64 < j->last ? i + 64 : j->last;
+        uint64_t end = i + 64 < j->n ? i + 64 : j->n;
         for (; i < end; i++) {
-            const float *v = ix->vectors + i * d;
+            const float *v = r.x + i * d;
             if (normalized) {
-                ix->inv_norms[i] = kd_inv_norm(ix, v);
+                r.inv_norms[i] = kd_inv_norm(ix, v);
                 for (uint32_t t = 0; t < d; t++)
-                    tmp[t] = v[t] * ix->inv_norms[i];
+                    tmp[t] = v[t] * r.inv_norms[i];
                 v = tmp;
             }
-            kd_quant_encode(&ix->quant, v, ix->codes + i * ix->quant.code_size,
-                            ix->refined ? ix->refined + i * ix->quant.refine_size : NULL, work);
+            kd_quant_encode(&ix->quant, v, r.codes + i * ix->quant.code_size,
+                            r.refined ? r.refined + i * ix->quant.refine_size : NULL, work);
         }
     }
     free(work);
@@ -246,13 +265,13 @@ static void *encode_worker(void *arg)
     return NULL;
 }
 
-/* Rows [first, last) encoded with ix's quantizer, on `threads` workers: 0,
- * or -ENOMEM with none of them encoded. */
-static int encode_rows(struct kd_index *ix, uint64_t first, uint64_t last, unsigned threads)
+/* n rows encoded with ix's quantizer, on `threads` workers: 0, or -ENOMEM
+ * with none of them encoded. */
+static int encode_rows(struct kd_index *ix, struct encoded rows, uint64_t n, unsigned threads)
 {
-    struct encode_job job = {ix, first, last, first};
+    struct encode_job job = {ix, rows, n, 0};
     kd_run_workers(encode_worker, &job, threads);
-    return job.next < last ? kd_fail(-ENOMEM, "out of memory encoding vectors") : 0;
+    return job.next < n ? kd_fail(-ENOMEM, "out of memory encoding vectors") : 0;
 }
 
 int kd_index_adopt_quantizer(struct kd_index *ix, struct kd_index *from)
@@ -280,7 +299,7 @@ int kd_index_adopt_quantizer(struct kd_index *ix, struct kd_index *from)
      * old ones, is dropped. */
     struct kd_quant old = ix->quant;
     ix->quant = q;
-    if ((err = encode_rows(ix, 0, ix->count, kd_cpu_count()))) {
+    if ((err = encode_rows(ix, index_rows(ix, 0), ix->count, kd_cpu_count()))) {
         ix->quant = old; /* no row was encoded with q */
         kd_quant_free(&q);
         goto out;
@@ -409,14 +428,32 @@ static void beam_prepare(void *p, uint32_t a)
 const struct kd_beam_oracle kd_beam_1bit = {beam_open, beam_close, beam_prepare, kd_estimate_rows,
                                             kd_prefetch_codes};
 
-/* The beam over 1-bit codes pays once the build codes are well past the
- * last-level cache: then most of their reads miss, and the 1-bit codes are
- * 5-7 times smaller. Nearer the cache the VNNI 8-bit distance is the
- * cheaper one; the crossover measured between 1.2 and 2.3 times the cache
- * (docs/benchmarks.md, "Build speed"). */
+/* The beam over 1-bit codes pays once the build codes are past 1.2 times
+ * the last-level cache: then most of their reads miss, and the 1-bit codes
+ * are 5-7 times smaller. Nearer the cache the VNNI 8-bit distance is the
+ * cheaper one; with the AVX-512 estimator the two cost the same at 1.2
+ * times (docs/benchmarks.md, "Build speed"), and a build that switches
+ * there rather than at twice the cache is faster. */
 int kd_beam_pays(const struct kd_index *ix, uint64_t build_code_bytes)
 {
-    return ix->quant.bits == 1 && build_code_bytes > 2 * kd_llc_bytes();
+    return ix->quant.bits == 1 && build_code_bytes * 5 > 6 * kd_llc_bytes();
+}
+
+/* How many of n insertions after row `first` run before the graph's build
+ * codes pass 1.2 times the cache; those after score their beam with the 1-bit
+ * codes. Decided per insertion, so that how an add is chunked does not
+ * change it. */
+static uint64_t first_past_cache(const struct kd_index *ix, uint64_t first, uint64_t n)
+{
+    uint64_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (kd_beam_pays(ix, (first + mid + 1) * ix->bcode.stride))
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
 }
 
 /* A stored row as the beam prepares it: unit length for cosine. */
@@ -506,6 +543,46 @@ static void oracle_from(void *p, uint32_t a, const uint32_t *rows, size_t n, flo
         out[i] = oracle_pair(p, a, rows[i]);
 }
 
+/* The slots of n rows grouped by the centre each one's code names, each
+ * group in input order: from[s] is the input row slot s takes, at[i] the
+ * slot of input row i. A neighbourhood's codes, lists and vectors then lie
+ * close together, so insertion's and search's beams miss the cache less
+ * (docs/design.md, "Rows in centre order"). */
+static int group_by_centre(const struct kd_quant *q, const uint8_t *codes, size_t n, uint32_t *from,
+                           uint32_t *at)
+{
+    uint32_t *next = calloc((size_t)q->ncentres + 1, sizeof *next);
+    if (!next)
+        return kd_fail(-ENOMEM, "out of memory grouping rows");
+    for (size_t i = 0; i < n; i++)
+        next[kd_quant_centre_of(q, codes + i * q->code_size) + 1]++;
+    for (uint32_t c = 0; c < q->ncentres; c++)
+        next[c + 1] += next[c];
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = next[kd_quant_centre_of(q, codes + i * q->code_size)]++;
+        from[s] = (uint32_t)i;
+        at[i] = s;
+    }
+    free(next);
+    return 0;
+}
+
+/* Rows staged in input order put in their slots from first on. */
+static void place_rows(struct kd_index *ix, uint64_t first, struct encoded staged,
+                       const uint32_t *from, size_t n)
+{
+    size_t d = ix->p.dim, cs = ix->quant.code_size, rs = ix->quant.refine_size;
+    for (size_t s = 0; s < n; s++) {
+        size_t i = from[s];
+        memcpy(ix->vectors + (first + s) * d, staged.x + i * d, d * sizeof(float));
+        memcpy(ix->codes + (first + s) * cs, staged.codes + i * cs, cs);
+        if (rs)
+            memcpy(ix->refined + (first + s) * rs, staged.refined + i * rs, rs);
+        if (staged.inv_norms)
+            ix->inv_norms[first + s] = staged.inv_norms[i];
+    }
+}
+
 int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *ids,
                  unsigned threads)
 {
@@ -519,6 +596,10 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
     pthread_rwlock_wrlock(&ix->lock);
     uint64_t first = ix->count, last = first + n;
     size_t put = 0;
+    uint32_t *from = NULL, *at = NULL;
+    struct encoded staged = {x, NULL, NULL, NULL};
+    int grouped = 0;
+    uint64_t *keys = NULL;
     if (ix->src->read_only) {
         err = kd_fail(-EROFS,
                       "index opened from disk is read-only; use knndirect.load to modify it");
@@ -530,31 +611,78 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
     }
     if ((err = kd_idmap_reserve(&ix->idmap, n)) || (err = kd_index_grow(ix, last)))
         goto out;
+    /* Grouped by centre, the rows are encoded aside (their codes name the
+     * centre) and then put in their slots; else encoded in place. */
+    grouped = ix->quant.ncentres > 1 && n > 1;
+    if (grouped) {
+        from = malloc(n * sizeof *from);
+        at = malloc(n * sizeof *at);
+        staged.codes = malloc(n * ix->quant.code_size);
+        if (ix->quant.refine_size)
+            staged.refined = malloc(n * ix->quant.refine_size);
+        if (ix->metric->normalized)
+            staged.inv_norms = malloc(n * sizeof(float));
+        if (!from || !at || !staged.codes || (ix->quant.refine_size && !staged.refined) ||
+            (ix->metric->normalized && !staged.inv_norms)) {
+            err = kd_fail(-ENOMEM, "out of memory adding %zu vectors", n);
+            goto out;
+        }
+    } else {
+        staged = index_rows(ix, first);
+        staged.x = x;
+    }
+    if ((err = encode_rows(ix, staged, n, kd_resolve_threads(threads))) ||
+        (grouped && (err = group_by_centre(&ix->quant, staged.codes, n, from, at))))
+        goto out;
     for (; put < n; put++) {
-        int64_t id = ids ? ids[put] : (int64_t)(first + put);
+        size_t i = grouped ? from[put] : put;
+        int64_t id = ids ? ids[i] : (int64_t)(first + i);
         if (kd_idmap_put(&ix->idmap, id, (uint32_t)(first + put))) {
             err = kd_fail(-EEXIST, "duplicate id %lld", (long long)id);
             goto out;
         }
         ix->ids[first + put] = id;
     }
-    memcpy(ix->vectors + first * ix->p.dim, x, n * ix->p.dim * sizeof(float));
+    if (grouped) {
+        place_rows(ix, first, staged, from, n);
+        for (size_t i = 0; i < n; i++)
+            at[i] += (uint32_t)first; /* now the insertion order */
+        /* Levels keyed by input position: the graph does not depend on
+         * the layout (the same one as in input order, but for ties). */
+        keys = malloc(n * sizeof *keys);
+        if (!keys) {
+            err = kd_fail(-ENOMEM, "out of memory adding %zu vectors", n);
+            goto out;
+        }
+        for (size_t s = 0; s < n; s++)
+            keys[s] = first + from[s];
+    } else {
+        memcpy(ix->vectors + first * ix->p.dim, x, n * ix->p.dim * sizeof(float));
+    }
     memset(ix->deleted + first, 0, n);
-    if ((err = encode_rows(ix, first, last, kd_resolve_threads(threads))))
-        goto out;
-    struct kd_build_oracle o = {oracle_from, ix, NULL, NULL};
+    struct kd_build_oracle o = {oracle_from, ix, NULL, NULL}, beam;
     if ((err = build_codes(ix, first, last, kd_resolve_threads(threads))) < 0)
         goto out;
     struct kd_beam_source src = {ix, row_vector, ix, ix->p.dim};
-    if (!err)
-        o = (struct kd_build_oracle){bcode_oracle_from, ix,
-                                     kd_beam_pays(ix, last * ix->bcode.stride) ? &kd_beam_1bit
-                                                                               : NULL,
-                                     &src};
-    if ((err = kd_graph_prepare(&ix->graph, first, last, ix->p.seed)))
+    uint64_t cached = n;
+    if (!err) {
+        o = (struct kd_build_oracle){bcode_oracle_from, ix, NULL, &src};
+        beam = o;
+        beam.beam = &kd_beam_1bit;
+        cached = first_past_cache(ix, first, n);
+    }
+    if ((err = kd_graph_prepare_keyed(&ix->graph, first, last, ix->p.seed, keys)))
         goto out;
-    err = kd_graph_insert_range(&ix->graph, first, last, ix->p.ef_construction, &o,
-                                kd_resolve_threads(threads));
+    /* Insertion keeps the input's order: nodes inserted one centre at a time
+     * would link mostly among themselves (docs/benchmarks.md, "inserting an
+     * add's rows grouped by the centre"). */
+    ix->graph.count = last;
+    unsigned workers = kd_resolve_threads(threads);
+    err = kd_graph_insert_range(&ix->graph, first, first + cached, at, ix->p.ef_construction, &o,
+                                workers);
+    if (!err && cached < n)
+        err = kd_graph_insert_range(&ix->graph, first + cached, last, at ? at + cached : NULL,
+                                    ix->p.ef_construction, &beam, workers);
     if (err) {
         /* Lists may already point at the new nodes: the index cannot be rolled
          * back consistently, so keep them and report the error. */
@@ -570,6 +698,14 @@ out:
     for (size_t i = 0; i < put; i++)
         kd_idmap_del(&ix->idmap, ix->ids[first + i]);
     pthread_rwlock_unlock(&ix->lock);
+    if (grouped) {
+        free(staged.codes);
+        free(staged.refined);
+        free(staged.inv_norms);
+    }
+    free(from);
+    free(at);
+    free(keys);
     return err;
 }
 

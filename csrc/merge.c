@@ -21,7 +21,7 @@
  * Graph distances come from the build codes: with 8 bits those insertion
  * uses (buildcode.h), with 4 (or past KD_BCODE_MAX_DIM dimensions) the
  * residual codes below; smaller is closer (squared l2, minus the inner
- * product). Past twice the cache, insertion's beam reads the 1-bit search
+ * product). Past 1.2 times the cache, insertion's beam reads the 1-bit search
  * codes, each node prepared from its decoded build code.
  * Memory: the output's graph, codes and ids, the build codes (before them,
  * their fit's sample, no larger), a map from each input row to its output
@@ -1217,12 +1217,28 @@ static int insert_rest(struct merge *m, uint64_t first, uint64_t total)
         o.beam = &kd_beam_1bit;
         o.beam_ctx = &src;
     }
+    /* In a seeded random order: the inputs' rows lie grouped by centre
+     * (design.md, "Rows in centre order"), and nodes inserted a centre at a
+     * time would link mostly among themselves. */
+    uint32_t *order = err ? NULL : malloc((total - first) * sizeof *order);
+    if (!err && !order)
+        err = kd_fail(-ENOMEM, "out of memory ordering the merge's insertions");
+    uint64_t rng = m->mp->seed ^ 0x6f726465726564ull;
+    for (uint64_t i = 0; !err && i < total - first; i++) {
+        uint64_t j = next_random(&rng) % (i + 1);
+        order[i] = order[j];
+        order[j] = (uint32_t)(first + i);
+    }
+    if (!err && g->count < total)
+        g->count = total;
     for (uint64_t at = first; !err && at < total; at += GRAPH_STEP) {
         uint64_t last = total - at < GRAPH_STEP ? total : at + GRAPH_STEP;
-        err = kd_graph_insert_range(g, at, last, m->out->p.ef_construction, &o, m->threads);
+        err = kd_graph_insert_range(g, at, last, order + (at - first), m->out->p.ef_construction,
+                                    &o, m->threads);
         if (!err)
             err = tick(m, last - at);
     }
+    free(order);
     return err;
 }
 

@@ -80,9 +80,11 @@ def test_keyboard_interrupt_from_progress_leaves_index_usable(data):
     _check_usable(index, data[:20_000], len(index))
 
 
-def test_sigint_during_long_add_leaves_index_usable(data):
+def test_sigint_during_long_add_leaves_index_usable(data, monkeypatch):
     """A real SIGINT while the core builds (GIL released, worker threads
-    running): KeyboardInterrupt surfaces between chunks."""
+    running): KeyboardInterrupt surfaces between chunks (of ADD_CHUNK rows
+    here: at this dimension a chunk of CHUNK_BYTES would hold them all)."""
+    monkeypatch.setattr(_index, "CHUNK_BYTES", 0)
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("SIGINT is delivered to the main thread only")
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:

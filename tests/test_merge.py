@@ -245,7 +245,7 @@ def test_four_bit_build_codes(tmp_path):
 @pytest.mark.parametrize("bits_budget", [0, 1000], ids=["8bit", "4bit"])
 @pytest.mark.parametrize("metric", METRICS)
 def test_beam_over_search_codes_past_the_cache(metric, bits_budget, cache_bytes, tmp_path):
-    """Past twice the cache, a merge's insertion takes the 1-bit beam as a
+    """Past 1.2 times the cache, a merge's insertion takes the 1-bit beam as a
     build does, each node prepared from its decoded build code (the vectors
     are not in memory): the graph differs from the one over build codes
     alone and searches as well."""

@@ -36,12 +36,24 @@ FALLBACK_WARNINGS = {
     "no_io_uring": "io_uring is unavailable (missing or blocked); vector reads use the "
                    "thread pool",
 }
-# Adds larger than this are fed to the core in chunks, so that progress is
-# reported and Ctrl-C lands between chunks.
+# Large adds are fed to the core in chunks, so that progress is reported and
+# Ctrl-C lands between chunks. The core lays out each chunk's rows grouped by
+# quantizer centre (docs/design.md, "Rows in centre order"), which pays the
+# more the larger the chunk: a chunk holds CHUNK_BYTES of float32 input, and
+# at least ADD_CHUNK rows; with progress, 1% of the add and at least
+# PROGRESS_CHUNK rows.
 ADD_CHUNK = 20000
+CHUNK_BYTES = 256 << 20
 PROGRESS_CHUNK = 1000
 # Rows the quantizer is fitted on when an add is fed in chunks.
 TRAIN_SAMPLE = 16384
+
+
+def _chunk_rows(n, dim, progress):
+    """Rows per chunk of an add of n vectors of dimension dim."""
+    if progress:
+        return max(PROGRESS_CHUNK, n // 100)
+    return max(ADD_CHUNK, CHUNK_BYTES // (4 * dim))
 
 
 def features() -> dict:
@@ -306,7 +318,7 @@ class Index:
         around that node, so recall comes out a little low (docs/design.md,
         "Recall targets"): a safe table, not a tight one. Nothing for an
         index under MIN_INDEX vectors."""
-        live = self._core.live_ids()
+        live = np.sort(self._core.live_ids())  # the draw must not follow the layout
         if live.shape[0] < _calibration.MIN_INDEX:
             return
         k = _calibration.K
@@ -477,8 +489,11 @@ class Index:
             ``progress(done, total) -> bool`` is called after each chunk and
             cancels the rest by returning False.
 
-        Large adds run in chunks; Ctrl-C (KeyboardInterrupt) stops between
-        chunks and leaves the index usable, holding the chunks already added.
+        Large adds run in chunks of about 256 MiB (with progress, 1% of
+        the add); Ctrl-C (KeyboardInterrupt) stops between chunks and leaves
+        the index usable, holding the chunks already added. Each chunk's rows
+        are stored grouped by quantizer centre, which speeds builds and
+        searches; progress's smaller chunks group less.
         An index from ``open`` is read-only for add.
         """
         x = _as_matrix(vectors, self._dim, "vectors", convert=False)
@@ -496,14 +511,14 @@ class Index:
         nthreads = _positive_int(threads, "threads", maximum=UINT32_MAX)
         report, close = _progress_callback(progress, n)
         held = self._holdout(n)
-        if report is None and n <= ADD_CHUNK and held is None:
+        chunk = _chunk_rows(n, self._dim, report is not None)
+        if report is None and n <= chunk and held is None:
             self._core.add(_float32(x), id_arr, nthreads)
             self._measure_if_grown(nthreads)
             return
         # In chunks: check everything first, so that a bad row or id adds
         # nothing; convert chunk by chunk, so a memory-mapped input is never
         # copied whole.
-        chunk = max(PROGRESS_CHUNK if report else ADD_CHUNK, n // 100)
         if id_arr is None:
             id_arr = np.arange(n, dtype=np.int64)
         for start in range(0, n, chunk):

@@ -75,6 +75,7 @@ IO_BACKENDS: Dict[str, int]
 PRELOAD_SECTIONS: Dict[str, Tuple[int, ...]]
 FALLBACK_WARNINGS: Dict[str, str]
 ADD_CHUNK: int
+CHUNK_BYTES: int
 PROGRESS_CHUNK: int
 
 def features() -> _Features: ...

@@ -226,4 +226,8 @@ MUTATIONS = [
                  "_mm512_fmadd_ps(d16, _mm512_loadu_ps(x + 32), acc1);")],
          tests=["tests/test_quant_native.py"],
          est=15, why="on AVX-512 CPUs refined estimates would pair dimensions 16-31's levels with the query's 32-47"),
+    dict(name="layout-ids", file="csrc/index.c",
+         edits=[("        size_t i = grouped ? from[put] : put;", "        size_t i = put;")],
+         tests=["tests/test_layout.py"],
+         est=30, why="rows stored in centre order would carry the ids of the input's order: searches would name the wrong vectors"),
 ]
