@@ -492,8 +492,8 @@ class Index:
         Large adds run in chunks of about 256 MiB (with progress, 1% of
         the add); Ctrl-C (KeyboardInterrupt) stops between chunks and leaves
         the index usable, holding the chunks already added. Each chunk's rows
-        are stored grouped by quantizer centre, which speeds builds and
-        searches; progress's smaller chunks group less.
+        are stored grouped by quantizer centre, which speeds searches;
+        progress's smaller chunks group less.
         An index from ``open`` is read-only for add.
         """
         x = _as_matrix(vectors, self._dim, "vectors", convert=False)
