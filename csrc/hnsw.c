@@ -796,8 +796,12 @@ int kd_graph_insert_range(struct kd_graph *g, uint64_t first, uint64_t last, con
                           unsigned threads)
 {
     struct insert_ctx c = {g, o, ef_construction, first, last, 0, NULL, order, first};
-    if (g->count < last)
-        g->count = last;
+    /* Every node inserted, and every node a beam may reach, is below count. */
+    uint64_t end = last;
+    for (uint64_t i = 0; order && i < last - first; i++)
+        end = order[i] >= end ? (uint64_t)order[i] + 1 : end;
+    if (g->count < end)
+        g->count = end;
     /* The first node alone sets the entry point, so workers start from it. */
     if (g->entry == KD_NONE && first < last) {
         struct insert_ctx one = {g, o, ef_construction, first, first + 1, 0, NULL, order, first};

@@ -147,8 +147,8 @@ int kd_graph_reconnect(struct kd_graph *g, const uint32_t *nodes, size_t n,
 
 /* Insert nodes [first, last), whose levels and upper lists kd_graph_prepare
  * has set, using `threads` workers, in row order; or, with order, the nodes
- * order[0..last - first) names in that order (count, which the graph takes
- * to be at least last, must then already exceed each of them). */
+ * order[0..last - first) names in that order. The graph's count becomes at
+ * least last and above every node inserted. */
 int kd_graph_insert_range(struct kd_graph *g, uint64_t first, uint64_t last, const uint32_t *order,
                           uint32_t ef_construction, const struct kd_build_oracle *o,
                           unsigned threads);

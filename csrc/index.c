@@ -622,7 +622,8 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
             staged.refined = malloc(n * ix->quant.refine_size);
         if (ix->metric->normalized)
             staged.inv_norms = malloc(n * sizeof(float));
-        if (!from || !at || !staged.codes || (ix->quant.refine_size && !staged.refined) ||
+        keys = malloc(n * sizeof *keys);
+        if (!from || !at || !keys || !staged.codes || (ix->quant.refine_size && !staged.refined) ||
             (ix->metric->normalized && !staged.inv_norms)) {
             err = kd_fail(-ENOMEM, "out of memory adding %zu vectors", n);
             goto out;
@@ -649,11 +650,6 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
             at[i] += (uint32_t)first; /* now the insertion order */
         /* Levels keyed by input position: the graph does not depend on
          * the layout (the same one as in input order, but for ties). */
-        keys = malloc(n * sizeof *keys);
-        if (!keys) {
-            err = kd_fail(-ENOMEM, "out of memory adding %zu vectors", n);
-            goto out;
-        }
         for (size_t s = 0; s < n; s++)
             keys[s] = first + from[s];
     } else {
@@ -676,7 +672,6 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
     /* Insertion keeps the input's order: nodes inserted one centre at a time
      * would link mostly among themselves (docs/benchmarks.md, "inserting an
      * add's rows grouped by the centre"). */
-    ix->graph.count = last;
     unsigned workers = kd_resolve_threads(threads);
     err = kd_graph_insert_range(&ix->graph, first, first + cached, at, ix->p.ef_construction, &o,
                                 workers);

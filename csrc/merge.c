@@ -1229,8 +1229,6 @@ static int insert_rest(struct merge *m, uint64_t first, uint64_t total)
         order[i] = order[j];
         order[j] = (uint32_t)(first + i);
     }
-    if (!err && g->count < total)
-        g->count = total;
     for (uint64_t at = first; !err && at < total; at += GRAPH_STEP) {
         uint64_t last = total - at < GRAPH_STEP ? total : at + GRAPH_STEP;
         err = kd_graph_insert_range(g, at, last, order + (at - first), m->out->p.ef_construction,
