@@ -8,7 +8,9 @@ Measured in one run, on the same data:
     index is reported as the bandwidth it sustains (bytes of vectors scanned /
     time) and as a fraction of the probe, and against numpy (matmul +
     argpartition) for one query;
-  * batches of 64 queries against faiss-cpu IndexFlatIP (BLAS), when installed;
+  * batches of 64 queries, ip and l2, against faiss-cpu's IndexFlatIP and
+    IndexFlatL2 when installed, and against numpy's float32 matrix product of
+    the same shape with no top-k kept (BLAS: the bound on the arithmetic);
   * disk: the index is saved, the page cache dropped (root only; said when it
     cannot be), and exact search over kd.open streams the vector section with
     O_DIRECT; a probe measures the file's sequential O_DIRECT read bandwidth
@@ -121,24 +123,38 @@ def main(argv=None):
                  f"{nbytes / one / membw:.0%} of {membw / 1e9:.1f} GB/s probe",
                  f"numpy matmul+argpartition {npy * 1e3:.1f} ms: {npy / one:.1f}x"))
 
-    batch = median_time(lambda: index.search(queries, args.k, exact=True), args.repeats)
-    res["memory"]["batch_ms"] = batch * 1e3
-    peer = "faiss-cpu not installed"
+    # The batch rows: the bound is BLAS's float32 matrix product of the same
+    # shape with no top-k kept (OpenBLAS through numpy), the peer faiss-cpu's
+    # flat index of the same metric.
+    flops = 2.0 * args.batch * args.n * args.dim
+    gemm = median_time(lambda: x @ queries.T, args.repeats)
+    res["memory"]["sgemm_ms"] = gemm * 1e3
     try:
         import faiss
         faiss.omp_set_num_threads(threads)
-        flat = faiss.IndexFlatIP(args.dim)
-        flat.add(x)
-        fb = median_time(lambda: flat.search(queries, args.k), args.repeats)
-        res["memory"]["faiss_flat_batch_ms"] = fb * 1e3
-        res["memory"]["batch_speedup_vs_faiss"] = fb / batch
-        peer = f"faiss IndexFlatIP {fb * 1e3:.0f} ms: {fb / batch:.2f}x"
-        del flat
     except ImportError:
-        pass
-    flops = 2.0 * args.batch * args.n * args.dim
-    rows.append((f"in memory, batch of {args.batch}", f"{batch * 1e3:.0f} ms",
-                 f"{flops / batch / 1e9:.0f} GFLOP/s", "", peer))
+        faiss = None
+    for metric in ("ip", "l2"):
+        scored = index if metric == "ip" else kd.Index(args.dim, "l2", m=4, ef_construction=8)
+        if scored is not index:
+            scored.add(x)
+        batch = median_time(lambda s=scored: s.search(queries, args.k, exact=True), args.repeats)
+        res["memory"][f"batch_{metric}_ms"] = batch * 1e3
+        peer = "faiss-cpu not installed"
+        if faiss is not None:
+            flat = (faiss.IndexFlatIP if metric == "ip" else faiss.IndexFlatL2)(args.dim)
+            flat.add(x)
+            fb = median_time(lambda f=flat: f.search(queries, args.k), args.repeats)
+            res["memory"][f"faiss_flat_{metric}_batch_ms"] = fb * 1e3
+            res["memory"][f"batch_{metric}_speedup_vs_faiss"] = fb / batch
+            peer = f"faiss IndexFlat{metric.upper()} {fb * 1e3:.0f} ms: {fb / batch:.2f}x"
+            del flat
+        if scored is not index:
+            scored.close()
+        rows.append((f"in memory, batch of {args.batch}, {metric}", f"{batch * 1e3:.0f} ms",
+                     f"{flops / batch / 1e9:.0f} GFLOP/s",
+                     f"{gemm / batch:.0%} of numpy sgemm alone ({flops / gemm / 1e9:.0f} GFLOP/s, "
+                     "no top-k)", peer))
 
     workdir = tempfile.mkdtemp(prefix="kd-exact-", dir=args.dir)
     try:

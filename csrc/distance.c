@@ -64,27 +64,48 @@ static void fwht_scalar(float *x, size_t n)
         x[i] *= s;
 }
 
-/* Four rows, each through the variant's block kernel: the reference the
- * tiled AVX-512 kernels equal bit for bit, and the AVX2 variants' tiles. */
-#define ROW_TILES(tier)                                                                            \
-    static void dot4x4_##tier(const float *const q[4], const float *const x[4], size_t d,          \
-                              float out[16], float xx[4])                                          \
-    {                                                                                              \
-        for (int r = 0; r < 4; r++)                                                                \
-            dot4_##tier(q, x[r], d, out + 4 * r, xx + r);                                          \
-    }                                                                                              \
-    static void l2sq4x4_##tier(const float *const q[4], const float *const x[4], size_t d,         \
-                               float out[16])                                                      \
-    {                                                                                              \
-        for (int r = 0; r < 4; r++)                                                                \
-            l2sq4_##tier(q, x[r], d, out + 4 * r);                                                 \
+/* The panels' reference: each sum one fused multiply-add a term, in order,
+ * which every variant repeats lane by lane. */
+static void panel_dot_scalar(const float *q, size_t qstride, size_t nq, const float *panel,
+                             size_t d, float *out)
+{
+    for (size_t j = 0; j < nq; j++) {
+        float *acc = out + j * KD_PANEL_ROWS;
+        for (int r = 0; r < KD_PANEL_ROWS; r++)
+            acc[r] = 0;
+        for (size_t i = 0; i < d; i++) {
+            float b = q[j * qstride + i];
+            const float *x = panel + i * KD_PANEL_ROWS;
+            for (int r = 0; r < KD_PANEL_ROWS; r++)
+                acc[r] = fmaf(b, x[r], acc[r]);
+        }
     }
+}
 
-ROW_TILES(scalar)
+static void panel_norms_scalar(const float *panel, size_t d, float out[KD_PANEL_ROWS])
+{
+    for (int r = 0; r < KD_PANEL_ROWS; r++)
+        out[r] = 0;
+    for (size_t i = 0; i < d; i++)
+        for (int r = 0; r < KD_PANEL_ROWS; r++)
+            out[r] = fmaf(panel[i * KD_PANEL_ROWS + r], panel[i * KD_PANEL_ROWS + r], out[r]);
+}
 
-static const struct kd_kernels scalar_kernels = {"scalar",      l2sq_scalar,   dot_scalar,
-                                                 dot4_scalar,   l2sq4_scalar,  fwht_scalar,
-                                                 dot4x4_scalar, l2sq4x4_scalar};
+static void panel_pack_scalar(const float *const *rows, size_t n, size_t d, float *panel)
+{
+    for (size_t r = 0; r < n; r++)
+        for (size_t i = 0; i < d; i++)
+            panel[i * KD_PANEL_ROWS + r] = rows[r][i];
+    for (size_t r = n; r < KD_PANEL_ROWS; r++)
+        for (size_t i = 0; i < d; i++)
+            panel[i * KD_PANEL_ROWS + r] = 0;
+}
+
+static const struct kd_kernels scalar_kernels = {"scalar",          l2sq_scalar,
+                                                 dot_scalar,        dot4_scalar,
+                                                 l2sq4_scalar,      fwht_scalar,
+                                                 panel_pack_scalar, panel_dot_scalar,
+                                                 panel_norms_scalar};
 
 #ifdef KD_X86
 #define AVX2 __attribute__((target("avx2,fma")))
@@ -231,10 +252,58 @@ AVX2 static void fwht_avx2(float *x, size_t n)
         _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), s));
 }
 
-ROW_TILES(avx2)
+/* Panels by three queries: twelve sums of eight rows in registers. */
+AVX2 static inline __attribute__((always_inline)) void
+panel_group_avx2(const float *q, size_t qstride, size_t n, const float *panel, size_t d, float *out)
+{
+    __m256 a[3][4];
+    for (size_t j = 0; j < n; j++)
+        for (int v = 0; v < 4; v++)
+            a[j][v] = _mm256_setzero_ps();
+    for (size_t i = 0; i < d; i++) {
+        const float *x = panel + i * KD_PANEL_ROWS;
+        for (size_t j = 0; j < n; j++) {
+            __m256 b = _mm256_broadcast_ss(q + j * qstride + i);
+            for (int v = 0; v < 4; v++)
+                a[j][v] = _mm256_fmadd_ps(b, _mm256_loadu_ps(x + 8 * v), a[j][v]);
+        }
+    }
+    for (size_t j = 0; j < n; j++)
+        for (int v = 0; v < 4; v++)
+            _mm256_storeu_ps(out + j * KD_PANEL_ROWS + 8 * v, a[j][v]);
+}
 
-static const struct kd_kernels avx2_kernels = {"avx2",     l2sq_avx2, dot_avx2,    dot4_avx2,
-                                               l2sq4_avx2, fwht_avx2, dot4x4_avx2, l2sq4x4_avx2};
+AVX2 static void panel_dot_avx2(const float *q, size_t qstride, size_t nq, const float *panel,
+                                size_t d, float *out)
+{
+    for (size_t j = 0; j < nq; j += 3) {
+        const float *qj = q + j * qstride;
+        float *o = out + j * KD_PANEL_ROWS;
+        if (nq - j >= 3)
+            panel_group_avx2(qj, qstride, 3, panel, d, o);
+        else if (nq - j == 2)
+            panel_group_avx2(qj, qstride, 2, panel, d, o);
+        else
+            panel_group_avx2(qj, qstride, 1, panel, d, o);
+    }
+}
+
+AVX2 static void panel_norms_avx2(const float *panel, size_t d, float out[KD_PANEL_ROWS])
+{
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+    for (size_t i = 0; i < d; i++)
+        for (int v = 0; v < 4; v++) {
+            __m256 x = _mm256_loadu_ps(panel + i * KD_PANEL_ROWS + 8 * v);
+            a[v] = _mm256_fmadd_ps(x, x, a[v]);
+        }
+    for (int v = 0; v < 4; v++)
+        _mm256_storeu_ps(out + 8 * v, a[v]);
+}
+
+static const struct kd_kernels avx2_kernels = {
+    "avx2",    l2sq_avx2,         dot_avx2,       dot4_avx2,       l2sq4_avx2,
+    fwht_avx2, panel_pack_scalar, panel_dot_avx2, panel_norms_avx2};
 
 /* AVX-512: masked loads handle any tail. */
 #define AVX512 __attribute__((target("avx512f")))
@@ -311,83 +380,125 @@ AVX512 static void l2sq4_avx512(const float *const q[4], const float *x, size_t 
         out[j] = _mm512_reduce_add_ps(s[j]);
 }
 
-/* Four queries by four rows: the same sums as four dot4_avx512 calls, in
- * sixteen named registers (arrays of them end up on the stack), each block
- * of a query loaded once for four rows. */
-#define TILE_ROW(r, v, STEP)                                                                       \
-    STEP(s##r##0, q0, v);                                                                          \
-    STEP(s##r##1, q1, v);                                                                          \
-    STEP(s##r##2, q2, v);                                                                          \
-    STEP(s##r##3, q3, v)
-#define TILE_STORE(r)                                                                              \
-    out[4 * r + 0] = _mm512_reduce_add_ps(s##r##0);                                                \
-    out[4 * r + 1] = _mm512_reduce_add_ps(s##r##1);                                                \
-    out[4 * r + 2] = _mm512_reduce_add_ps(s##r##2);                                                \
-    out[4 * r + 3] = _mm512_reduce_add_ps(s##r##3)
-#define TILE_SUMS                                                                                  \
-    __m512 s00 = _mm512_setzero_ps(), s01 = s00, s02 = s00, s03 = s00, s10 = s00, s11 = s00,       \
-           s12 = s00, s13 = s00, s20 = s00, s21 = s00, s22 = s00, s23 = s00, s30 = s00, s31 = s00, \
-           s32 = s00, s33 = s00
-#define TILE_LOADS                                                                                 \
-    __mmask16 m = d - i >= 16 ? (__mmask16)0xffff : mask16(d - i);                                 \
-    __m512 q0 = _mm512_maskz_loadu_ps(m, q[0] + i), q1 = _mm512_maskz_loadu_ps(m, q[1] + i);       \
-    __m512 q2 = _mm512_maskz_loadu_ps(m, q[2] + i), q3 = _mm512_maskz_loadu_ps(m, q[3] + i);       \
-    __m512 v0 = _mm512_maskz_loadu_ps(m, x[0] + i), v1 = _mm512_maskz_loadu_ps(m, x[1] + i);       \
-    __m512 v2 = _mm512_maskz_loadu_ps(m, x[2] + i), v3 = _mm512_maskz_loadu_ps(m, x[3] + i)
-#define DOT_STEP(s, qv, v) s = _mm512_fmadd_ps(qv, v, s)
-#define L2_STEP(s, qv, v)                                                                          \
-    do {                                                                                           \
-        __m512 t_ = _mm512_sub_ps(qv, v);                                                          \
-        s = _mm512_fmadd_ps(t_, t_, s);                                                            \
-    } while (0)
-
-AVX512 static void dot4x4_avx512(const float *const q[4], const float *const x[4], size_t d,
-                                 float out[16], float xx[4])
+/* Panels by up to twelve queries: 24 sums of sixteen rows in registers, two
+ * loads and twelve broadcasts for 24 FMAs. The count is a constant in each
+ * copy, so the sums stay in registers. */
+AVX512 static inline __attribute__((always_inline)) void
+panel_group_avx512(const float *q, size_t qstride, size_t n, const float *panel, size_t d,
+                   float *out)
 {
-    TILE_SUMS;
-    __m512 x0 = s00, x1 = s00, x2 = s00, x3 = s00;
-    for (size_t i = 0; i < d; i += 16) {
-        TILE_LOADS;
-        TILE_ROW(0, v0, DOT_STEP);
-        TILE_ROW(1, v1, DOT_STEP);
-        TILE_ROW(2, v2, DOT_STEP);
-        TILE_ROW(3, v3, DOT_STEP);
-        x0 = _mm512_fmadd_ps(v0, v0, x0);
-        x1 = _mm512_fmadd_ps(v1, v1, x1);
-        x2 = _mm512_fmadd_ps(v2, v2, x2);
-        x3 = _mm512_fmadd_ps(v3, v3, x3);
+    __m512 a[KD_PANEL_QUERIES][2];
+    for (size_t j = 0; j < n; j++)
+        a[j][0] = a[j][1] = _mm512_setzero_ps();
+    for (size_t i = 0; i < d; i++) {
+        __m512 x0 = _mm512_loadu_ps(panel + i * KD_PANEL_ROWS);
+        __m512 x1 = _mm512_loadu_ps(panel + i * KD_PANEL_ROWS + 16);
+        for (size_t j = 0; j < n; j++) {
+            __m512 b = _mm512_set1_ps(q[j * qstride + i]);
+            a[j][0] = _mm512_fmadd_ps(b, x0, a[j][0]);
+            a[j][1] = _mm512_fmadd_ps(b, x1, a[j][1]);
+        }
     }
-    TILE_STORE(0);
-    TILE_STORE(1);
-    TILE_STORE(2);
-    TILE_STORE(3);
-    xx[0] = _mm512_reduce_add_ps(x0);
-    xx[1] = _mm512_reduce_add_ps(x1);
-    xx[2] = _mm512_reduce_add_ps(x2);
-    xx[3] = _mm512_reduce_add_ps(x3);
+    for (size_t j = 0; j < n; j++) {
+        _mm512_storeu_ps(out + j * KD_PANEL_ROWS, a[j][0]);
+        _mm512_storeu_ps(out + j * KD_PANEL_ROWS + 16, a[j][1]);
+    }
 }
 
-AVX512 static void l2sq4x4_avx512(const float *const q[4], const float *const x[4], size_t d,
-                                  float out[16])
+#define PANEL_CASE(n)                                                                              \
+    case n:                                                                                        \
+        panel_group_avx512(q, qstride, n, panel, d, out);                                          \
+        break
+
+AVX512 static void panel_dot_avx512(const float *q, size_t qstride, size_t nq, const float *panel,
+                                    size_t d, float *out)
 {
-    TILE_SUMS;
-    for (size_t i = 0; i < d; i += 16) {
-        TILE_LOADS;
-        TILE_ROW(0, v0, L2_STEP);
-        TILE_ROW(1, v1, L2_STEP);
-        TILE_ROW(2, v2, L2_STEP);
-        TILE_ROW(3, v3, L2_STEP);
+    switch (nq) {
+        PANEL_CASE(1);
+        PANEL_CASE(2);
+        PANEL_CASE(3);
+        PANEL_CASE(4);
+        PANEL_CASE(5);
+        PANEL_CASE(6);
+        PANEL_CASE(7);
+        PANEL_CASE(8);
+        PANEL_CASE(9);
+        PANEL_CASE(10);
+        PANEL_CASE(11);
+    default:
+        panel_group_avx512(q, qstride, KD_PANEL_QUERIES, panel, d, out);
     }
-    TILE_STORE(0);
-    TILE_STORE(1);
-    TILE_STORE(2);
-    TILE_STORE(3);
+}
+
+/* A 16 x 16 block transposed in registers: 32-bit, then 64-bit interleaves
+ * within 128-bit lanes, then two rounds of lane shuffles. */
+AVX512 static inline void transpose16(__m512 r[16])
+{
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4)
+        for (int h = 0; h < 2; h++) {
+            __m512d a = _mm512_castps_pd(t[i + h]), b = _mm512_castps_pd(t[i + h + 2]);
+            u[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            u[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    /* u[4g + c], lane L: column 4L + c of rows 4g..4g+3. */
+    for (int c = 0; c < 4; c++) {
+        __m512 lo0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
+        __m512 hi0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+        __m512 lo1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+        __m512 hi1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+        r[c] = _mm512_shuffle_f32x4(lo0, lo1, 0x88);
+        r[4 + c] = _mm512_shuffle_f32x4(lo0, lo1, 0xDD);
+        r[8 + c] = _mm512_shuffle_f32x4(hi0, hi1, 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(hi0, hi1, 0xDD);
+    }
+}
+
+AVX512 static void panel_pack_avx512(const float *const *rows, size_t n, size_t d, float *panel)
+{
+    for (size_t half = 0; half < KD_PANEL_ROWS / 16; half++) {
+        float *to = panel + 16 * half;
+        if (n <= 16 * half) {
+            for (size_t i = 0; i < d; i++)
+                _mm512_storeu_ps(to + i * KD_PANEL_ROWS, _mm512_setzero_ps());
+            continue;
+        }
+        for (size_t i = 0; i < d; i += 16) {
+            __mmask16 m = d - i >= 16 ? (__mmask16)0xffff : mask16(d - i);
+            __m512 r[16];
+            for (size_t t = 0; t < 16; t++)
+                r[t] = 16 * half + t < n ? _mm512_maskz_loadu_ps(m, rows[16 * half + t] + i)
+                                         : _mm512_setzero_ps();
+            transpose16(r);
+            for (size_t c = 0; c < 16 && i + c < d; c++)
+                _mm512_storeu_ps(to + (i + c) * KD_PANEL_ROWS, r[c]);
+        }
+    }
+}
+
+AVX512 static void panel_norms_avx512(const float *panel, size_t d, float out[KD_PANEL_ROWS])
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    for (size_t i = 0; i < d; i++) {
+        __m512 x0 = _mm512_loadu_ps(panel + i * KD_PANEL_ROWS);
+        __m512 x1 = _mm512_loadu_ps(panel + i * KD_PANEL_ROWS + 16);
+        a0 = _mm512_fmadd_ps(x0, x0, a0);
+        a1 = _mm512_fmadd_ps(x1, x1, a1);
+    }
+    _mm512_storeu_ps(out, a0);
+    _mm512_storeu_ps(out + 16, a1);
 }
 
 /* The transform is short and cache-resident: the AVX2 one serves here. */
-static const struct kd_kernels avx512_kernels = {"avx512",      l2sq_avx512,   dot_avx512,
-                                                 dot4_avx512,   l2sq4_avx512,  fwht_avx2,
-                                                 dot4x4_avx512, l2sq4x4_avx512};
+static const struct kd_kernels avx512_kernels = {"avx512",          l2sq_avx512,
+                                                 dot_avx512,        dot4_avx512,
+                                                 l2sq4_avx512,      fwht_avx2,
+                                                 panel_pack_avx512, panel_dot_avx512,
+                                                 panel_norms_avx512};
 
 int kd_cpu_has_avx2(void)
 {

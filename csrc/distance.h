@@ -13,14 +13,24 @@ typedef void (*kd_block_fn)(const float *const q[4], const float *x, size_t d, f
                             float *xx);
 /* Squared distances of four queries to x in one pass over x. */
 typedef void (*kd_block_l2_fn)(const float *const q[4], const float *x, size_t d, float out[4]);
-/* The same for four vectors x[0..4) at once: out[4 * r + j] is query j
- * against x[r], xx[r] = |x[r]|^2. Sixteen sums kept apart: each loaded block
- * serves four FMAs, and no chain waits on another. Bit-identical to four
- * calls of the block kernel of the same variant. */
-typedef void (*kd_tile_fn)(const float *const q[4], const float *const x[4], size_t d,
-                           float out[16], float xx[4]);
-typedef void (*kd_tile_l2_fn)(const float *const q[4], const float *const x[4], size_t d,
-                              float out[16]);
+/* Exact search scores panels: KD_PANEL_ROWS rows stored dim-major (element i
+ * of row r at panel[i * KD_PANEL_ROWS + r]), so that one register holds an
+ * element of many rows and no sum ends in a horizontal reduction. panel_dot
+ * gives the inner products of nq <= KD_PANEL_QUERIES queries (query j at
+ * q + j * qstride) with the panel's rows, out[j * KD_PANEL_ROWS + r]. Each
+ * sum adds its d terms in order, one fused multiply-add a term, so every
+ * variant gives the same bits, whatever the batch or the row's place in it.
+ * (l2 takes its bound from these and scores the few rows that pass it by
+ * (q - x)^2: exact.c.) */
+#define KD_PANEL_ROWS 32
+#define KD_PANEL_QUERIES 12
+typedef void (*kd_panel_fn)(const float *q, size_t qstride, size_t nq, const float *panel, size_t d,
+                            float *out);
+/* Pack n <= KD_PANEL_ROWS rows of d floats into a panel (d * KD_PANEL_ROWS
+ * floats), rows past n zero. */
+typedef void (*kd_panel_pack_fn)(const float *const *rows, size_t n, size_t d, float *panel);
+/* |x|^2 of each of a panel's rows, summed the same way. */
+typedef void (*kd_panel_norms_fn)(const float *panel, size_t d, float out[KD_PANEL_ROWS]);
 /* Orthonormal Walsh-Hadamard transform of n floats in place, n a power of
  * two. Every variant does the same butterflies in the same order, so the
  * results are bit-identical (codes written on one CPU are read on another). */
@@ -33,8 +43,9 @@ struct kd_kernels {
     kd_block_fn dot4;
     kd_block_l2_fn l2sq4;
     kd_fwht_fn fwht;
-    kd_tile_fn dot4x4;
-    kd_tile_l2_fn l2sq4x4;
+    kd_panel_pack_fn panel_pack;
+    kd_panel_fn panel_dot;
+    kd_panel_norms_fn panel_norms;
 };
 
 /* The kernels in use (chosen once, on first call, from the CPU's features). */

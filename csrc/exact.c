@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TILE_ROWS 64            /* rows scored against every query block while cached */
+#define PANEL_MIN 12            /* queries in a pass from which rows are packed into panels */
 #define HEAP_BUDGET (64u << 20) /* bytes of per-thread heaps; more queries go in passes */
 
 static int cmp_item(const void *a, const void *b)
@@ -19,7 +19,9 @@ static int cmp_item(const void *a, const void *b)
 
 void kd_topk_sort(struct kd_heap_item *h, size_t n) { qsort(h, n, sizeof *h, cmp_item); }
 
-static inline float cosine_from(float qx, float xx) { return xx > 0 ? -qx / sqrtf(xx) : -0.0f; }
+/* -cos from the inner product and the row's norm (the query is unit). */
+static inline float cosine_scaled(float qx, float norm) { return norm > 0 ? -qx / norm : -0.0f; }
+static inline float cosine_from(float qx, float xx) { return cosine_scaled(qx, sqrtf(xx)); }
 
 float kd_exact_distance(const struct kd_exact_data *d, const float *q, const float *x)
 {
@@ -50,50 +52,130 @@ struct pass {
     unsigned threads, all_threads;
     struct kd_heap_item *heaps; /* all_threads x (q1-q0) x k */
     size_t *fill;               /* all_threads x (q1-q0) */
+    float *panels;              /* all_threads x KD_PANEL_ROWS x dim */
+    float *qnorms;              /* l2 panels: |q| of each query */
     unsigned next_thread;
 };
 
-static void score_tile(const struct pass *p, struct kd_heap_item *heaps, size_t *fill,
-                       const float *const *xs, const uint32_t *rs, size_t ntile)
+/* Offer one query's inner products with a panel's n rows to its heap (ip,
+ * cosine). The heap's
+ * worst is read once per change, so most rows cost one comparison. */
+static void offer_sums(const struct kd_exact_data *d, struct kd_heap_item *h, size_t *fill,
+                       size_t k, const float *sums, const float *norms, const uint32_t *rs,
+                       size_t n)
+{
+    float dist[KD_PANEL_ROWS];
+    for (size_t r = 0; r < n; r++)
+        dist[r] = d->metric == KD_IP ? -sums[r] : cosine_scaled(sums[r], norms[r]);
+    float worst = *fill < k ? INFINITY : h[0].dist, least = dist[0];
+    for (size_t r = 1; r < n; r++)
+        least = dist[r] < least ? dist[r] : least;
+    if (*fill == k && !(least < worst))
+        return; /* the usual case once the heap is full */
+    for (size_t r = 0; r < n; r++)
+        if (*fill < k || dist[r] < worst) {
+            kd_topk_offer(h, fill, k, dist[r], rs[r]);
+            worst = *fill < k ? INFINITY : h[0].dist;
+        }
+}
+
+/* l2 through inner products: |q|^2 + |x|^2 - 2 q.x is a lower bound on the
+ * distance once the rounding of every sum is taken off it: each of the d
+ * fused steps errs by at most 2^-24 of the running magnitude, which none of
+ * the sums (|q|^2, |x|^2, |q.x|, (q - x)^2) takes past (|q| + |x|)^2, so
+ * 4 (d + 8) 2^-24 (|q| + |x|)^2 covers all of them and the few operations
+ * after. A row whose bound clears the heap's worst cannot enter; the rest
+ * (about k ln(n / k) a query) are scored as the re-rank scores them, by
+ * (q - x)^2, which keeps precision far from the origin. */
+static void offer_l2(const struct kd_exact_data *d, struct kd_heap_item *h, size_t *fill, size_t k,
+                     const float *q, float qn, const float *sums, const float *xx,
+                     const float *norms, const float *const *xs, const uint32_t *rs, size_t n)
+{
+    float slack = 4.0f * (float)(d->dim + 8) * 0x1p-24f, lower[KD_PANEL_ROWS];
+    for (size_t r = 0; r < n; r++) {
+        float reach = qn + norms[r];
+        float bound = (qn * qn + xx[r] - 2.0f * sums[r]) - slack * reach * reach;
+        lower[r] = bound == bound ? bound : -INFINITY; /* overflow: score it */
+    }
+    float worst = *fill < k ? INFINITY : h[0].dist, least = lower[0];
+    for (size_t r = 1; r < n; r++)
+        least = lower[r] < least ? lower[r] : least;
+    if (*fill == k && least >= worst)
+        return;
+    for (size_t r = 0; r < n; r++) {
+        if (*fill == k && lower[r] >= worst)
+            continue;
+        float dist = kd_exact_distance(d, q, xs[r]);
+        if (*fill < k || dist < worst) {
+            kd_topk_offer(h, fill, k, dist, rs[r]);
+            worst = *fill < k ? INFINITY : h[0].dist;
+        }
+    }
+}
+
+/* Score rows one at a time against the pass's queries, four a block kernel
+ * call (a lone query through the pair kernels): below PANEL_MIN queries,
+ * packing a panel costs more than its sums save. */
+static void score_rows(const struct pass *p, struct kd_heap_item *heaps, size_t *fill,
+                       const float *const *xs, const uint32_t *rs, size_t n)
 {
     const struct kd_exact_data *d = p->d;
-    size_t nq = p->q1 - p->q0, k = p->k;
+    size_t nq = p->q1 - p->q0, k = p->k, dim = d->dim;
     for (size_t qb = 0; qb < nq; qb += 4) {
         const float *qs[4];
         size_t lanes = nq - qb < 4 ? nq - qb : 4;
         for (size_t j = 0; j < 4; j++)
-            qs[j] = p->q + (p->q0 + qb + (j < lanes ? j : 0)) * d->dim;
-        if (lanes == 1) { /* a lone query: pair kernels, not four copies */
-            for (size_t t = 0; t < ntile; t++) {
-                const float *x = xs[t];
-                float dist = d->metric == KD_L2 ? d->kern->l2sq(qs[0], x, d->dim)
-                                                : -d->kern->dot(qs[0], x, d->dim);
+            qs[j] = p->q + (p->q0 + qb + (j < lanes ? j : 0)) * dim;
+        for (size_t t = 0; t < n; t++) {
+            float out[4], xx = 0;
+            if (lanes == 1) {
+                out[0] = d->metric == KD_L2 ? d->kern->l2sq(qs[0], xs[t], dim)
+                                            : d->kern->dot(qs[0], xs[t], dim);
                 if (d->metric == KD_COSINE)
-                    dist = cosine_from(-dist, d->kern->dot(x, x, d->dim));
-                kd_topk_offer(heaps + qb * k, &fill[qb], k, dist, rs[t]);
+                    xx = d->kern->dot(xs[t], xs[t], dim);
+            } else if (d->metric == KD_L2) {
+                d->kern->l2sq4(qs, xs[t], dim, out);
+            } else {
+                d->kern->dot4(qs, xs[t], dim, out, &xx);
             }
-            continue;
+            for (size_t j = 0; j < lanes; j++) {
+                float v = out[j];
+                if (d->metric != KD_L2)
+                    v = d->metric == KD_IP ? -v : cosine_from(v, xx);
+                kd_topk_offer(heaps + (qb + j) * k, &fill[qb + j], k, v, rs[t]);
+            }
         }
-        /* Four rows at a time through the tile kernels, the rest one by one;
-         * either way each pair's sum is the same to the bit. */
-        for (size_t t = 0; t < ntile;) {
-            size_t rows = ntile - t >= 4 ? 4 : 1;
-            float out[16], xx[4] = {0, 0, 0, 0};
-            if (rows == 4 && d->metric == KD_L2)
-                d->kern->l2sq4x4(qs, xs + t, d->dim, out);
-            else if (rows == 4)
-                d->kern->dot4x4(qs, xs + t, d->dim, out, xx);
-            else if (d->metric == KD_L2)
-                d->kern->l2sq4(qs, xs[t], d->dim, out);
+    }
+}
+
+/* Score n <= KD_PANEL_ROWS rows (vectors xs, rows rs) against every query
+ * of the pass: packed once into a dim-major panel, then KD_PANEL_QUERIES
+ * queries a kernel call. */
+static void score_panel(const struct pass *p, struct kd_heap_item *heaps, size_t *fill,
+                        float *panel, const float *const *xs, const uint32_t *rs, size_t n)
+{
+    const struct kd_exact_data *d = p->d;
+    const struct kd_kernels *kern = d->kern;
+    size_t nq = p->q1 - p->q0, k = p->k, dim = d->dim;
+    float xx[KD_PANEL_ROWS], norms[KD_PANEL_ROWS], sums[KD_PANEL_QUERIES * KD_PANEL_ROWS];
+    kern->panel_pack(xs, n, dim, panel);
+    if (d->metric != KD_IP) {
+        kern->panel_norms(panel, dim, xx);
+        for (size_t r = 0; r < n; r++)
+            norms[r] = sqrtf(xx[r]);
+    }
+    for (size_t qb = 0; qb < nq; qb += KD_PANEL_QUERIES) {
+        size_t m = nq - qb < KD_PANEL_QUERIES ? nq - qb : KD_PANEL_QUERIES;
+        const float *qs = p->q + (p->q0 + qb) * dim;
+        kern->panel_dot(qs, dim, m, panel, dim, sums);
+        for (size_t j = 0; j < m; j++) {
+            struct kd_heap_item *h = heaps + (qb + j) * k;
+            const float *sj = sums + j * KD_PANEL_ROWS;
+            if (d->metric == KD_L2)
+                offer_l2(d, h, &fill[qb + j], k, qs + j * dim, p->qnorms[p->q0 + qb + j], sj, xx,
+                         norms, xs, rs, n);
             else
-                d->kern->dot4(qs, xs[t], d->dim, out, xx);
-            for (size_t r = 0; r < rows; r++, t++)
-                for (size_t j = 0; j < lanes; j++) {
-                    float v = out[4 * r + j];
-                    if (d->metric != KD_L2)
-                        v = d->metric == KD_IP ? -v : cosine_from(v, xx[r]);
-                    kd_topk_offer(heaps + (qb + j) * k, &fill[qb + j], k, v, rs[t]);
-                }
+                offer_sums(d, h, &fill[qb + j], k, sj, norms, rs, n);
         }
     }
 }
@@ -107,8 +189,9 @@ static void *pass_worker(void *arg)
     size_t *fill = p->fill + (size_t)me * nq;
     uint64_t span = p->end - p->begin, lo = p->begin + span * me / p->threads;
     uint64_t hi = p->begin + span * (me + 1) / p->threads;
-    const float *xs[TILE_ROWS];
-    uint32_t rs[TILE_ROWS];
+    float *panel = p->panels ? p->panels + (size_t)me * KD_PANEL_ROWS * p->d->dim : NULL;
+    const float *xs[KD_PANEL_ROWS];
+    uint32_t rs[KD_PANEL_ROWS];
     size_t ntile = 0;
     for (uint64_t i = lo; i < hi; i++) {
         uint64_t r = p->rows ? p->rows[i] : i;
@@ -117,13 +200,18 @@ static void *pass_worker(void *arg)
         uint64_t at = (p->by_position ? i : r) - p->first;
         xs[ntile] = (const float *)(p->block + at * p->pitch);
         rs[ntile++] = (uint32_t)r;
-        if (ntile == TILE_ROWS) {
-            score_tile(p, heaps, fill, xs, rs, ntile);
+        if (ntile == KD_PANEL_ROWS) {
+            if (nq < PANEL_MIN)
+                score_rows(p, heaps, fill, xs, rs, ntile);
+            else
+                score_panel(p, heaps, fill, panel, xs, rs, ntile);
             ntile = 0;
         }
     }
-    if (ntile)
-        score_tile(p, heaps, fill, xs, rs, ntile);
+    if (ntile && nq < PANEL_MIN)
+        score_rows(p, heaps, fill, xs, rs, ntile);
+    else if (ntile)
+        score_panel(p, heaps, fill, panel, xs, rs, ntile);
     return NULL;
 }
 
@@ -132,8 +220,8 @@ static void run_pass(struct pass *p)
     uint64_t span = p->end - p->begin;
     unsigned t = p->all_threads;
     /* Each thread should get a few tiles, or starting it costs more than it saves. */
-    if (span < (uint64_t)t * 4 * TILE_ROWS)
-        t = span / (4 * TILE_ROWS) ? (unsigned)(span / (4 * TILE_ROWS)) : 1;
+    if (span < (uint64_t)t * 4 * KD_PANEL_ROWS)
+        t = span / (4 * KD_PANEL_ROWS) ? (unsigned)(span / (4 * KD_PANEL_ROWS)) : 1;
     p->threads = t;
     p->next_thread = 0;
     kd_run_workers(pass_worker, p, t);
@@ -274,7 +362,15 @@ int kd_exact_search(const struct kd_exact_data *d, const float *q, size_t nq, si
     p.all_threads = threads;
     p.heaps = malloc((size_t)threads * g * k * sizeof *p.heaps);
     p.fill = malloc((size_t)threads * g * sizeof *p.fill);
-    int err = p.heaps && p.fill ? 0 : kd_fail(-ENOMEM, "out of memory for an exact search");
+    if (g >= PANEL_MIN) {
+        p.panels = kd_alloc_aligned(64, (size_t)threads * KD_PANEL_ROWS * d->dim * sizeof(float));
+        p.qnorms = malloc(nq * sizeof *p.qnorms);
+        for (size_t i = 0; p.qnorms && i < nq; i++)
+            p.qnorms[i] = sqrtf(d->kern->dot(q + i * d->dim, q + i * d->dim, d->dim));
+    }
+    int err = p.heaps && p.fill && (g < PANEL_MIN || (p.panels && p.qnorms))
+                  ? 0
+                  : kd_fail(-ENOMEM, "out of memory for an exact search");
     for (size_t q0 = 0; !err && q0 < nq; q0 += g) {
         p.q0 = q0;
         p.q1 = q0 + g < nq ? q0 + g : nq;
@@ -298,5 +394,7 @@ int kd_exact_search(const struct kd_exact_data *d, const float *q, size_t nq, si
     }
     free(p.heaps);
     free(p.fill);
+    kd_free_aligned(p.panels);
+    free(p.qnorms);
     return err;
 }

@@ -1,8 +1,9 @@
 /* exact.h — brute-force top-k: over vectors in memory, streamed from disk,
- * or over a subset of rows. Rows are split across threads and scored four
- * queries by four rows at a time (sixteen sums in registers) in tiles that
- * stay in cache, so a batch is compute-bound and a single query streams the
- * data once. */
+ * or over a subset of rows. Rows are split across threads. A batch packs
+ * each 32 rows into a dim-major panel that every query block then scores
+ * with no horizontal sums (compute-bound, near the FMA units' peak); a few
+ * queries score rows where they lie, four queries a pass, so a single query
+ * streams the data once. */
 #ifndef KD_EXACT_H
 #define KD_EXACT_H
 

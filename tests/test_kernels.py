@@ -61,24 +61,53 @@ def test_block_kernels_match_pairs(variant, d):
                                     rel=1e-5, abs=1e-5)
 
 
-@pytest.mark.parametrize("variant", ["scalar"] + VARIANTS)
+PANEL_ROWS, PANEL_QUERIES = 32, 12
+
+
+def panel_operands(d, nq, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((nq, d)).astype(np.float32),
+            rng.standard_normal((PANEL_ROWS, d)).astype(np.float32))
+
+
 @pytest.mark.parametrize("d", DIMS)
-def test_tile_kernels_equal_four_block_calls(variant, d):
-    """Exact search scores four rows at a time: each sum equals, to the bit,
-    the block kernel's for that row (same variant), so results do not depend
-    on where a row falls in a tile."""
+def test_scalar_panels_match_float64(d):
+    q, x = panel_operands(d, 3, 600 + d)
+    dots = np.array(_core._kernel("scalar", "panel_dot", q.tobytes(), x.tobytes()))
+    norms = np.array(_core._kernel("scalar", "panel_norms", b"", x.tobytes()))
+    q64, x64 = q.astype(np.float64), x.astype(np.float64)
+    np.testing.assert_allclose(dots, (q64 @ x64.T).ravel(), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(norms, (x64 ** 2).sum(1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("d", DIMS)
+@pytest.mark.parametrize("nq", [1, 5, PANEL_QUERIES])
+def test_panel_kernels_bit_identical_to_scalar(variant, d, nq):
+    """Exact search packs rows into panels (the variant's own transpose) and
+    sums each pair in order, one FMA a term: every variant gives the scalar
+    reference's bits, so results do not depend on the CPU, the batch or a
+    row's place in a panel."""
     if not available(variant):
         pytest.skip(f"this CPU lacks {variant}")
-    a, _ = operands(d, 300 + d)
-    rows, _ = operands(d, 400 + d)
-    x = rows.reshape(4, d)
-    dots = _core._kernel(variant, "dot4x4", a.tobytes(), rows.tobytes())
-    l2s = _core._kernel(variant, "l2sq4x4", a.tobytes(), rows.tobytes())
-    for r in range(4):
-        one = _core._kernel(variant, "dot4", a.tobytes(), x[r].tobytes())
-        assert dots[4 * r:4 * r + 4] == one[:4] and dots[16 + r] == one[4]
-        assert l2s[4 * r:4 * r + 4] == _core._kernel(variant, "l2sq4", a.tobytes(),
-                                                     x[r].tobytes())[:4]
+    q, x = panel_operands(d, nq, 700 + d + nq)
+    assert (_core._kernel(variant, "panel_dot", q.tobytes(), x.tobytes())
+            == _core._kernel("scalar", "panel_dot", q.tobytes(), x.tobytes()))
+    assert (_core._kernel(variant, "panel_norms", b"", x.tobytes())
+            == _core._kernel("scalar", "panel_norms", b"", x.tobytes()))
+    # Each query's sums are the same alone as in the batch.
+    alone = _core._kernel(variant, "panel_dot", q[-1].tobytes(), x.tobytes())
+    assert alone == _core._kernel(variant, "panel_dot", q.tobytes(), x.tobytes())[-PANEL_ROWS:]
+
+
+def test_panel_operands_checked():
+    x = np.zeros((PANEL_ROWS, 4), np.float32).tobytes()
+    with pytest.raises(ValueError, match="panel takes 32 rows and 1 to 12 queries"):
+        _core._kernel("scalar", "panel_dot", np.zeros((13, 4), np.float32).tobytes(), x)
+    with pytest.raises(ValueError, match="panel takes"):
+        _core._kernel("scalar", "panel_dot", np.zeros(4, np.float32).tobytes(), x[:-16])
+    with pytest.raises(ValueError, match="unknown kernel"):
+        _core._kernel("scalar", "panel_l2sq", np.zeros(4, np.float32).tobytes(), x)
 
 
 def test_kernel_in_use_is_reported():

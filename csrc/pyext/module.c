@@ -108,13 +108,48 @@ static PyObject *mod_features(PyObject *mod, PyObject *unused)
     return d;
 }
 
+/* The panel kernels through the test hook: rows packed, sums returned. */
+static PyObject *panel_kernel(const struct kd_kernels *k, const char *which, const float *q,
+                              size_t qlen, const float *x, size_t xlen, size_t d)
+{
+    size_t nq = d ? qlen / (4 * d) : 0;
+    int norms = strcmp(which, "panel_norms") == 0;
+    if (!norms && strcmp(which, "panel_dot") != 0) {
+        PyErr_SetString(PyExc_ValueError, "unknown kernel");
+        return NULL;
+    }
+    if (!d || xlen != 4 * KD_PANEL_ROWS * d ||
+        (!norms && (qlen != 4 * nq * d || nq < 1 || nq > KD_PANEL_QUERIES))) {
+        PyErr_Format(PyExc_ValueError, "a panel takes %d rows and 1 to %d queries of their length",
+                     KD_PANEL_ROWS, KD_PANEL_QUERIES);
+        return NULL;
+    }
+    const float *rows[KD_PANEL_ROWS];
+    float *panel = malloc(4 * KD_PANEL_ROWS * d), sums[KD_PANEL_QUERIES * KD_PANEL_ROWS];
+    if (!panel)
+        return PyErr_NoMemory();
+    for (size_t i = 0; i < KD_PANEL_ROWS; i++)
+        rows[i] = x + i * d;
+    k->panel_pack(rows, KD_PANEL_ROWS, d, panel);
+    size_t count = norms ? KD_PANEL_ROWS : nq * KD_PANEL_ROWS;
+    if (norms)
+        k->panel_norms(panel, d, sums);
+    else
+        k->panel_dot(q, d, nq, panel, d, sums);
+    free(panel);
+    PyObject *r = PyTuple_New((Py_ssize_t)count);
+    for (size_t i = 0; r && i < count; i++)
+        PyTuple_SET_ITEM(r, (Py_ssize_t)i, PyFloat_FromDouble(sums[i]));
+    return r;
+}
+
 /* Test hook: one kernel variant by name, to check it against the scalar
  * reference. For the block kernels, a holds four queries of len(b) floats;
  * dot4 returns the four products and |b|^2, l2sq4 the four distances; fwht
- * returns the transform of a (b is ignored) as bytes. The tile kernels take
- * four queries in a and four rows in b, of equal length: dot4x4 returns the
- * sixteen products (row by row) then the four |row|^2, l2sq4x4 the sixteen
- * distances. */
+ * returns the transform of a (b is ignored) as bytes. The panel kernels take
+ * KD_PANEL_ROWS rows in b, packed here, and up to KD_PANEL_QUERIES queries of
+ * the same length in a: panel_dot returns the inner products query by query
+ * (KD_PANEL_ROWS each), panel_norms the rows' |x|^2 (a is ignored). */
 static PyObject *mod_kernel(PyObject *mod, PyObject *args)
 {
     const char *name, *which;
@@ -123,8 +158,8 @@ static PyObject *mod_kernel(PyObject *mod, PyObject *args)
         return NULL;
     const struct kd_kernels *k = kd_kernels_named(name);
     int block = strcmp(which, "dot4") == 0 || strcmp(which, "l2sq4") == 0;
-    int tile = strcmp(which, "dot4x4") == 0 || strcmp(which, "l2sq4x4") == 0;
-    size_t d = (size_t)b.len / (tile ? 16 : 4);
+    int panel = strncmp(which, "panel_", 6) == 0;
+    size_t d = (size_t)b.len / (panel ? 4 * KD_PANEL_ROWS : 4);
     size_t n = (size_t)a.len / 4;
     PyObject *r = NULL;
     if (!k) {
@@ -135,22 +170,10 @@ static PyObject *mod_kernel(PyObject *mod, PyObject *args)
         } else if ((r = PyBytes_FromStringAndSize(a.buf, a.len))) {
             k->fwht((float *)PyBytes_AS_STRING(r), n);
         }
-    } else if (b.len % (tile ? 16 : 4) || a.len != (block ? 4 : 1) * b.len) {
+    } else if (panel) {
+        r = panel_kernel(k, which, a.buf, (size_t)a.len, b.buf, (size_t)b.len, d);
+    } else if (b.len % 4 || a.len != (block ? 4 : 1) * b.len) {
         PyErr_SetString(PyExc_ValueError, "operands differ in length");
-    } else if (tile) {
-        const float *q[4], *x[4];
-        float out[16], xx[4] = {0, 0, 0, 0};
-        for (int j = 0; j < 4; j++) {
-            q[j] = (const float *)a.buf + j * d;
-            x[j] = (const float *)b.buf + j * d;
-        }
-        if (which[0] == 'd')
-            k->dot4x4(q, x, d, out, xx);
-        else
-            k->l2sq4x4(q, x, d, out);
-        if ((r = PyTuple_New(20)))
-            for (int j = 0; j < 20; j++)
-                PyTuple_SET_ITEM(r, j, PyFloat_FromDouble(j < 16 ? out[j] : xx[j - 16]));
     } else if (block) {
         const float *q[4];
         float out[4], xx = 0;
