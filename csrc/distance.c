@@ -101,11 +101,17 @@ static void panel_pack_scalar(const float *const *rows, size_t n, size_t d, floa
             panel[i * KD_PANEL_ROWS + r] = 0;
 }
 
-static const struct kd_kernels scalar_kernels = {"scalar",          l2sq_scalar,
-                                                 dot_scalar,        dot4_scalar,
-                                                 l2sq4_scalar,      fwht_scalar,
-                                                 panel_pack_scalar, panel_dot_scalar,
-                                                 panel_norms_scalar};
+#ifdef FP_FAST_FMAF /* fmaf is one instruction (aarch64, or built with -mfma) */
+#define SCALAR_FUSED 1
+#else
+#define SCALAR_FUSED 0
+#endif
+
+static const struct kd_kernels scalar_kernels = {"scalar",           l2sq_scalar,
+                                                 dot_scalar,         dot4_scalar,
+                                                 l2sq4_scalar,       fwht_scalar,
+                                                 panel_pack_scalar,  panel_dot_scalar,
+                                                 panel_norms_scalar, SCALAR_FUSED};
 
 #ifdef KD_X86
 #define AVX2 __attribute__((target("avx2,fma")))
@@ -302,8 +308,8 @@ AVX2 static void panel_norms_avx2(const float *panel, size_t d, float out[KD_PAN
 }
 
 static const struct kd_kernels avx2_kernels = {
-    "avx2",    l2sq_avx2,         dot_avx2,       dot4_avx2,       l2sq4_avx2,
-    fwht_avx2, panel_pack_scalar, panel_dot_avx2, panel_norms_avx2};
+    "avx2",    l2sq_avx2,         dot_avx2,       dot4_avx2,        l2sq4_avx2,
+    fwht_avx2, panel_pack_scalar, panel_dot_avx2, panel_norms_avx2, 1};
 
 /* AVX-512: masked loads handle any tail. */
 #define AVX512 __attribute__((target("avx512f")))
@@ -494,11 +500,11 @@ AVX512 static void panel_norms_avx512(const float *panel, size_t d, float out[KD
 }
 
 /* The transform is short and cache-resident: the AVX2 one serves here. */
-static const struct kd_kernels avx512_kernels = {"avx512",          l2sq_avx512,
-                                                 dot_avx512,        dot4_avx512,
-                                                 l2sq4_avx512,      fwht_avx2,
-                                                 panel_pack_avx512, panel_dot_avx512,
-                                                 panel_norms_avx512};
+static const struct kd_kernels avx512_kernels = {"avx512",           l2sq_avx512,
+                                                 dot_avx512,         dot4_avx512,
+                                                 l2sq4_avx512,       fwht_avx2,
+                                                 panel_pack_avx512,  panel_dot_avx512,
+                                                 panel_norms_avx512, 1};
 
 int kd_cpu_has_avx2(void)
 {

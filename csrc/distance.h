@@ -46,6 +46,10 @@ struct kd_kernels {
     kd_panel_pack_fn panel_pack;
     kd_panel_fn panel_dot;
     kd_panel_norms_fn panel_norms;
+    /* Whether panel_dot runs on hardware FMAs. The scalar reference calls
+     * fmaf, a library routine on x86-64 without FMA: there exact search
+     * scores rows where they lie instead. */
+    int fused_panels;
 };
 
 /* The kernels in use (chosen once, on first call, from the CPU's features). */

@@ -189,7 +189,8 @@ static void *pass_worker(void *arg)
     size_t *fill = p->fill + (size_t)me * nq;
     uint64_t span = p->end - p->begin, lo = p->begin + span * me / p->threads;
     uint64_t hi = p->begin + span * (me + 1) / p->threads;
-    float *panel = p->panels ? p->panels + (size_t)me * KD_PANEL_ROWS * p->d->dim : NULL;
+    float *panel = p->panels && nq >= PANEL_MIN ? p->panels + (size_t)me * KD_PANEL_ROWS * p->d->dim
+                                                : NULL;
     const float *xs[KD_PANEL_ROWS];
     uint32_t rs[KD_PANEL_ROWS];
     size_t ntile = 0;
@@ -201,14 +202,14 @@ static void *pass_worker(void *arg)
         xs[ntile] = (const float *)(p->block + at * p->pitch);
         rs[ntile++] = (uint32_t)r;
         if (ntile == KD_PANEL_ROWS) {
-            if (nq < PANEL_MIN)
+            if (!panel)
                 score_rows(p, heaps, fill, xs, rs, ntile);
             else
                 score_panel(p, heaps, fill, panel, xs, rs, ntile);
             ntile = 0;
         }
     }
-    if (ntile && nq < PANEL_MIN)
+    if (ntile && !panel)
         score_rows(p, heaps, fill, xs, rs, ntile);
     else if (ntile)
         score_panel(p, heaps, fill, panel, xs, rs, ntile);
@@ -362,13 +363,14 @@ int kd_exact_search(const struct kd_exact_data *d, const float *q, size_t nq, si
     p.all_threads = threads;
     p.heaps = malloc((size_t)threads * g * k * sizeof *p.heaps);
     p.fill = malloc((size_t)threads * g * sizeof *p.fill);
-    if (g >= PANEL_MIN) {
+    int panels = g >= PANEL_MIN && d->kern->fused_panels;
+    if (panels) {
         p.panels = kd_alloc_aligned(64, (size_t)threads * KD_PANEL_ROWS * d->dim * sizeof(float));
         p.qnorms = malloc(nq * sizeof *p.qnorms);
         for (size_t i = 0; p.qnorms && i < nq; i++)
             p.qnorms[i] = sqrtf(d->kern->dot(q + i * d->dim, q + i * d->dim, d->dim));
     }
-    int err = p.heaps && p.fill && (g < PANEL_MIN || (p.panels && p.qnorms))
+    int err = p.heaps && p.fill && (!panels || (p.panels && p.qnorms))
                   ? 0
                   : kd_fail(-ENOMEM, "out of memory for an exact search");
     for (size_t q0 = 0; !err && q0 < nq; q0 += g) {
