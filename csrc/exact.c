@@ -53,7 +53,7 @@ struct pass {
     struct kd_heap_item *heaps; /* all_threads x (q1-q0) x k */
     size_t *fill;               /* all_threads x (q1-q0) */
     float *panels;              /* all_threads x KD_PANEL_ROWS x dim */
-    float *qnorms;              /* l2 panels: |q| of each query */
+    float *qnorms;              /* with panels: |q| of each query (l2's bound) */
     unsigned next_thread;
 };
 
