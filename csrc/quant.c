@@ -777,19 +777,65 @@ static inline __mmask8 words_mask(uint32_t left)
     return left >= 8 ? (__mmask8)0xff : (__mmask8)((1u << left) - 1);
 }
 
+/* Up to 256 bits of code: two rows a register, one in each half (the
+ * query's planes repeated in both), and both halves' lanes summed with two
+ * shuffles. */
+AVX512_POPCNT static void estimate_pairs_avx512(const struct kd_quant *q, const struct kd_qcode *qc,
+                                                const uint8_t *codes, const uint32_t *rows,
+                                                size_t n, float *out)
+{
+    uint32_t words = q->pdim / 64;
+    __mmask8 lo = words_mask(words), hi = (__mmask8)(lo << 4);
+    __m512i plane[KD_QUERY_BITS];
+    for (int b = 0; b < KD_QUERY_BITS; b++) {
+        __m512i p = _mm512_maskz_loadu_epi64(lo, qc->planes + (size_t)b * words);
+        plane[b] = _mm512_shuffle_i64x2(p, p, _MM_SHUFFLE(1, 0, 1, 0));
+    }
+    size_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+        const uint8_t *c0 = codes + (size_t)rows[i] * q->code_size;
+        const uint8_t *c1 = codes + (size_t)rows[i + 1] * q->code_size;
+        /* The upper half loads c1 from 32 bytes on: the masked-off lanes
+         * below are never read. */
+        __m512i c = _mm512_mask_loadu_epi64(_mm512_maskz_loadu_epi64(lo, c0), hi,
+                                            (const void *)((uintptr_t)c1 - 32));
+        __m512i acc = weighted_count(c, plane);
+        acc = _mm512_add_epi64(acc, _mm512_shuffle_epi32(acc, _MM_PERM_BADC));
+        acc = _mm512_add_epi64(acc, _mm512_shuffle_i64x2(acc, acc, _MM_SHUFFLE(2, 3, 0, 1)));
+        out[i] = finish(q, qc, c0, (uint64_t)_mm_cvtsi128_si64(_mm512_castsi512_si128(acc)));
+        out[i + 1] = finish(q, qc, c1,
+                            (uint64_t)_mm_cvtsi128_si64(_mm512_extracti32x4_epi32(acc, 2)));
+    }
+    if (i < n) {
+        const uint8_t *c0 = codes + (size_t)rows[i] * q->code_size;
+        __m512i acc = weighted_count(_mm512_maskz_loadu_epi64(lo, c0), plane);
+        out[i] = finish(q, qc, c0, (uint64_t)_mm512_reduce_add_epi64(acc));
+    }
+}
+
 AVX512_POPCNT static void estimate_avx512(const struct kd_quant *q, const struct kd_qcode *qc,
                                           const uint8_t *codes, const uint32_t *rows, size_t n,
                                           float *out)
 {
     uint32_t words = q->pdim / 64;
-    __m512i plane[KD_QUERY_BITS];
-    if (words <= 8) {
-        __mmask8 m = words_mask(words);
-        for (int b = 0; b < KD_QUERY_BITS; b++)
-            plane[b] = _mm512_maskz_loadu_epi64(m, qc->planes + (size_t)b * words);
+    if (words <= 4) {
+        estimate_pairs_avx512(q, qc, codes, rows, n, out);
+        return;
+    }
+    /* Up to 1,024 bits the query's planes stay in registers. */
+    __m512i plane[2][KD_QUERY_BITS];
+    if (words <= 16) {
+        __mmask8 m0 = words_mask(words), m1 = words_mask(words > 8 ? words - 8 : 0);
+        for (int b = 0; b < KD_QUERY_BITS; b++) {
+            plane[0][b] = _mm512_maskz_loadu_epi64(m0, qc->planes + (size_t)b * words);
+            plane[1][b] = _mm512_maskz_loadu_epi64(m1, qc->planes + (size_t)b * words + 8);
+        }
         for (size_t i = 0; i < n; i++) {
             const uint8_t *code = codes + (size_t)rows[i] * q->code_size;
-            __m512i acc = weighted_count(_mm512_maskz_loadu_epi64(m, code), plane);
+            __m512i acc = weighted_count(_mm512_maskz_loadu_epi64(m0, code), plane[0]);
+            if (m1)
+                acc = _mm512_add_epi64(acc, weighted_count(_mm512_maskz_loadu_epi64(m1, code + 64),
+                                                           plane[1]));
             out[i] = finish(q, qc, code, (uint64_t)_mm512_reduce_add_epi64(acc));
         }
         return;
@@ -800,10 +846,10 @@ AVX512_POPCNT static void estimate_avx512(const struct kd_quant *q, const struct
         for (uint32_t w = 0; w < words; w += 8) {
             __mmask8 m = words_mask(words - w);
             for (int b = 0; b < KD_QUERY_BITS; b++)
-                plane[b] = _mm512_maskz_loadu_epi64(m, qc->planes + (size_t)b * words + w);
+                plane[0][b] = _mm512_maskz_loadu_epi64(m, qc->planes + (size_t)b * words + w);
             acc = _mm512_add_epi64(acc,
                                    weighted_count(_mm512_maskz_loadu_epi64(m, code + (size_t)w * 8),
-                                                  plane));
+                                                  plane[0]));
         }
         out[i] = finish(q, qc, code, (uint64_t)_mm512_reduce_add_epi64(acc));
     }
