@@ -1,8 +1,9 @@
 /* panel_kernels.c — exact search's panel kernel against the core's FMA
  * peak, on one thread: each variant of kd_kernels_named's panel_dot scores
  * twelve queries against one cached panel of 32 rows, over and over (the
- * kernel's own cost; -O3, as setup.py builds it), and twelve independent chains of 512-bit FMAs give
- * the bound (AVX-512 CPUs only). Best of 5 runs, in GFLOP/s (2 a term).
+ * kernel's own cost; -O3, as setup.py builds it), and twelve independent
+ * chains of 512-bit FMAs give the bound (AVX-512 CPUs only). Best of 5
+ * runs, in GFLOP/s (2 a term).
  *
  *   gcc -O3 -std=c11 -Icsrc csrc/common.c csrc/distance.c \
  *       benchmarks/c/panel_kernels.c -lpthread -lm -o /tmp/panel_kernels
