@@ -58,8 +58,8 @@ struct pass {
 };
 
 /* Offer one query's inner products with a panel's n rows to its heap (ip,
- * cosine). The heap's
- * worst is read once per change, so most rows cost one comparison. */
+ * cosine). Once the heap is full, a panel none of whose rows beats its
+ * worst costs one pass over 32 floats. */
 static void offer_sums(const struct kd_exact_data *d, struct kd_heap_item *h, size_t *fill,
                        size_t k, const float *sums, const float *norms, const uint32_t *rs,
                        size_t n)
