@@ -53,7 +53,7 @@ struct pass {
     struct kd_heap_item *heaps; /* all_threads x (q1-q0) x k */
     size_t *fill;               /* all_threads x (q1-q0) */
     float *panels;              /* all_threads x KD_PANEL_ROWS x dim */
-    float *qnorms;              /* with panels: |q| of each query (l2's bound) */
+    float *qnorms;              /* l2 with panels: |q| of each query, for the bound */
     unsigned next_thread;
 };
 
@@ -363,14 +363,13 @@ int kd_exact_search(const struct kd_exact_data *d, const float *q, size_t nq, si
     p.all_threads = threads;
     p.heaps = malloc((size_t)threads * g * k * sizeof *p.heaps);
     p.fill = malloc((size_t)threads * g * sizeof *p.fill);
-    int panels = g >= PANEL_MIN && d->kern->fused_panels;
-    if (panels) {
+    int panels = g >= PANEL_MIN && d->kern->fused_panels, bounds = panels && d->metric == KD_L2;
+    if (panels)
         p.panels = kd_alloc_aligned(64, (size_t)threads * KD_PANEL_ROWS * d->dim * sizeof(float));
-        p.qnorms = malloc(nq * sizeof *p.qnorms);
-        for (size_t i = 0; p.qnorms && i < nq; i++)
+    if (bounds && (p.qnorms = malloc(nq * sizeof *p.qnorms)))
+        for (size_t i = 0; i < nq; i++)
             p.qnorms[i] = sqrtf(d->kern->dot(q + i * d->dim, q + i * d->dim, d->dim));
-    }
-    int err = p.heaps && p.fill && (!panels || (p.panels && p.qnorms))
+    int err = p.heaps && p.fill && (!panels || p.panels) && (!bounds || p.qnorms)
                   ? 0
                   : kd_fail(-ENOMEM, "out of memory for an exact search");
     for (size_t q0 = 0; !err && q0 < nq; q0 += g) {
