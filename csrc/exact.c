@@ -23,18 +23,6 @@ void kd_topk_sort(struct kd_heap_item *h, size_t n) { qsort(h, n, sizeof *h, cmp
 static inline float cosine_scaled(float qx, float norm) { return norm > 0 ? -qx / norm : -0.0f; }
 static inline float cosine_from(float qx, float xx) { return cosine_scaled(qx, sqrtf(xx)); }
 
-float kd_exact_distance(const struct kd_exact_data *d, const float *q, const float *x)
-{
-    const float *qs[4] = {q, q, q, q};
-    float out[4], xx;
-    if (d->metric == KD_L2) {
-        d->kern->l2sq4(qs, x, d->dim, out);
-        return out[0];
-    }
-    d->kern->dot4(qs, x, d->dim, out, &xx);
-    return d->metric == KD_IP ? -out[0] : cosine_from(out[0], xx);
-}
-
 /* One pass of scoring: queries [q0, q1) against positions [begin, end) of a
  * block of vectors. Position i is row rows[i] (or row i without rows); its
  * vector is found by row (memory, streamed chunks) or by position (a batch
@@ -105,7 +93,7 @@ static void offer_l2(const struct kd_exact_data *d, struct kd_heap_item *h, size
     for (size_t r = 0; r < n; r++) {
         if (*fill == k && lower[r] >= worst)
             continue;
-        float dist = kd_exact_distance(d, q, xs[r]);
+        float dist = d->kern->l2sq(q, xs[r], d->dim);
         if (*fill < k || dist < worst) {
             kd_topk_offer(h, fill, k, dist, rs[r]);
             worst = *fill < k ? INFINITY : h[0].dist;

@@ -39,9 +39,6 @@ int kd_exact_search(const struct kd_exact_data *d, const float *q, size_t nq, si
  * search's throughput is compared with. */
 double kd_exact_read_probe(const float *x, size_t n, unsigned threads);
 
-/* Exact internal distance of one query to one vector. */
-float kd_exact_distance(const struct kd_exact_data *d, const float *q, const float *x);
-
 /* Keep the k smallest in a max-heap h of *n <= k items. */
 static inline void kd_topk_offer(struct kd_heap_item *h, size_t *n, size_t k, float d, uint32_t row)
 {

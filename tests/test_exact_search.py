@@ -93,20 +93,20 @@ def test_exact_far_from_origin_keeps_precision():
 @pytest.mark.parametrize("offset", [0.0, 10.0, 1000.0])
 def test_l2_panels_equal_direct_sums(offset):
     """Batches of twelve or more take l2 from inner products, bounded for
-    rounding, and score only the rows the bound lets through by (q - x)^2;
-    blocks of four score every row by (q - x)^2. Far from the origin the
-    inner products lose most of their digits, so a bound too tight would
-    drop true neighbours: both ways must give the same ids and distances,
-    to the bit."""
+    rounding, and score only the rows the bound lets through by (q - x)^2
+    with the pair kernel (the re-rank's); a lone query scores every row with
+    it. Far from the origin the inner products lose most of their digits,
+    so a bound too tight would drop true neighbours: both ways must give the
+    same ids and distances, to the bit."""
     rng = np.random.default_rng(11)
     base = (offset + rng.standard_normal((3000, 32))).astype(np.float32)
     queries = (offset + rng.standard_normal((24, 32))).astype(np.float32)
     idx = build(base, "l2")
     D, I = idx.search(queries, 10, exact=True)
-    for lo in range(0, 24, 4):
-        d4, i4 = idx.search(queries[lo:lo + 4], 10, exact=True)
-        np.testing.assert_array_equal(I[lo:lo + 4], i4)
-        np.testing.assert_array_equal(D[lo:lo + 4], d4)
+    for j in range(24):
+        d1, i1 = idx.search(queries[j:j + 1], 10, exact=True)
+        np.testing.assert_array_equal(I[j], i1[0])
+        np.testing.assert_array_equal(D[j], d1[0])
     assert_exact_match(D, I, base, queries, "l2")
     idx.close()
 
