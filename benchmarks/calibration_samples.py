@@ -16,7 +16,8 @@ queries measured and the mean calibration seconds.
 --sure-z Z1,Z2,... then prints, for each way, what the default (0.95 with
 the recall less Z standard errors) gives on the test queries with each Z:
 the lowest and mean recall, how many samples fell below 0.95, and the mean
-beam and shortlist it chose (its cost); the library's own Z first.
+beam and shortlist it chose (its cost); the library's own rule ("auto",
+_calibration.sure_z of the columns that could be picked) first.
 --ways picks some of the three ways (staged is what an add does).
 
     python benchmarks/calibration_samples.py --set mpnet-dict --metric cosine
@@ -35,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_data  # noqa: E402
+from default_margin import LIBRARY_SURE_Z, pinned_sure_z  # noqa: E402
 
 
 def main():
@@ -56,8 +58,7 @@ def main():
     unknown = set(args.ways.split(",")) - {"one", "staged", "all"}
     if unknown:
         ap.error(f"--ways: unknown {sorted(unknown)}; choose from all, one, staged")
-    zs = [cal_mod.SURE_Z] + [float(z) for z in (args.sure_z or "").split(",")
-                             if z and float(z) != cal_mod.SURE_Z]
+    zs = ["auto"] + [z for z in (args.sure_z or "").split(",") if z and z != "auto"]
     k, most, first = cal_mod.K, cal_mod.MOST_QUERIES, cal_mod.QUERIES
     ds = bench_data.resolve(args.set, metric=args.metric, k=k)
     base = np.asarray(bench_data.load_base(ds.to_json()), np.float32)
@@ -107,10 +108,10 @@ def main():
                 errs.append(test_recall(ef, oversample) - expect)
             ways[way].append(errs + [cal["queries"], sec])
             for z in zs:
-                cal_mod.SURE_Z = z
+                cal_mod.sure_z = pinned_sure_z(z)
                 ef, oversample, _ = cal_mod.choose(cal, cal_mod.DEFAULT_TARGET, k, sure=True)
                 defaults[way, z].append((test_recall(ef, oversample), ef, oversample))
-            cal_mod.SURE_Z = zs[0]
+            cal_mod.sure_z = LIBRARY_SURE_Z
     print("| way | " + " | ".join(f"{t}{' (default)' if s else ''}: bias, spread"
                                   for t, s in picks) + " | queries | seconds |")
     print("| --- " * (len(picks) + 3) + "|")
@@ -123,7 +124,7 @@ def main():
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (way, z), rows in defaults.items():
         a = np.asarray(rows)
-        print(f"| {way} | {z:g} | {a[:, 0].min():.4f} | {a[:, 0].mean():.4f} | "
+        print(f"| {way} | {z} | {a[:, 0].min():.4f} | {a[:, 0].mean():.4f} | "
               f"{int((a[:, 0] < 0.95).sum())}/{len(a)} | {a[:, 1].mean():.1f} | "
               f"{a[:, 2].mean():.2f} |")
 

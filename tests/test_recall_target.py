@@ -676,6 +676,32 @@ def test_default_keeps_to_the_coarse_columns():
     assert _calibration.choose(cal, 0.90, K, sure=True) == (10, 1.5, 0.9375)
 
 
+def test_default_bound_counts_the_columns_it_picks_from():
+    """The default picks the cheapest of the columns whose bound clears
+    0.95, so each is held to 0.05 / m: one column takes 1.645 standard
+    errors off, two 1.960, five 2.326."""
+    assert _calibration.sure_z(1) == pytest.approx(1.6449, abs=1e-4)
+    assert _calibration.sure_z(2) == pytest.approx(1.9600, abs=1e-4)
+    assert _calibration.sure_z(5) == pytest.approx(2.3263, abs=1e-4)
+    assert _calibration.sure_z(0) == _calibration.sure_z(1)
+    one = {"k": K, "ef": [10, 14], "shortlist": [20],
+           "recall": [[0.955], [0.962]], "stderr": [[0.003], [0.003]], "scored": [100.0, 140.0]}
+    # Alone, 2 x k clears 0.95 at the first beam (0.955 - 1.645 x 0.003).
+    assert _calibration.choose(one, 0.95, K, sure=True) == (10, 2.0, 0.955)
+    # A second column that reaches 0.95 too: 1.96 standard errors, and 2 x
+    # k needs a little more beam (3 x k, at 30 rows, costs more).
+    two = dict(one, shortlist=[20, 30], recall=[[0.955, 0.958], [0.962, 0.97]],
+               stderr=[[0.003] * 2] * 2)
+    ef, oversample, expect = _calibration.choose(two, 0.95, K, sure=True)
+    assert (ef, oversample) == (11, 2.0) and 0.955 < expect < 0.962
+    # A column that never reaches the target cannot be picked: not counted.
+    short = dict(one, shortlist=[10, 20], recall=[[0.90, 0.955], [0.94, 0.962]],
+                 stderr=[[0.003] * 2] * 2)
+    assert _calibration.choose(short, 0.95, K, sure=True) == (10, 2.0, 0.955)
+    # recall= aims at the target itself, whatever the columns.
+    assert _calibration.choose(two, 0.95, K)[:2] == (10, 2.0)
+
+
 def test_grown_table_reads_each_length_at_its_stretch():
     """An index four times its table's count: a shortlist of L holds what
     one of L / 2 did (the square root of the growth), read between the

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from statistics import NormalDist
 
 import numpy as np
 
@@ -52,9 +53,15 @@ MIN_QUERIES = 50
 # The table is measured again once the index has doubled.
 GROWTH = 2.0
 DEFAULT_TARGET = 0.95
-# A default search reaches DEFAULT_TARGET with 95% confidence (one-sided
-# normal bound); recall=r aims at r itself.
-SURE_Z = 1.645
+# A default search reaches DEFAULT_TARGET with 95% confidence; recall=r
+# aims at r itself. The default takes the cheapest of the table's columns
+# whose bound clears the target, so the confidence is the family's: each of
+# the m columns that could be picked is tested at SURE_ALPHA / m (one-sided
+# normal bounds, Bonferroni), 2.24-2.39 standard errors for 4-6 columns.
+# One column at 1.645: 3 of 36 builds fell below 0.95 (to 0.9434, where a
+# column that erred high was the cheapest), against none at 2.326 for 2.3%
+# of the queries per second (benchmarks/default_margin.py).
+SURE_ALPHA = 0.05
 # Shortlist lengths, as multiples of k, up to MAX_OVERSAMPLE x the default;
 # while the longest still adds recall (more than FLAT over the one before,
 # at the widest beam), the ladder is measured again with lengths twice as
@@ -373,7 +380,7 @@ def choose(cal, target, k, sure=False, beam=1.0):
     """(ef, oversample, expected recall) of the cheapest measured point whose
     recall reaches target, ef interpolated (log scale) between the two
     measured beams that bracket it; the best measured point when none
-    reaches it. sure: the recall less SURE_Z standard errors must reach it
+    reaches it. sure: the recall less sure_z standard errors must reach it
     (a default of 0.95 is then met with 95% confidence, not a coin toss).
     beam: the interpolated beam times this, before it is rounded: up for
     sure, to the nearest otherwise (a target is a point estimate: rounded
@@ -387,15 +394,26 @@ def choose(cal, target, k, sure=False, beam=1.0):
     return max(k, math.ceil(ef * scale)), length / cal["k"], round(expect, 4)
 
 
+def sure_z(columns):
+    """Standard errors a default's bound takes off when the cheapest of
+    `columns` candidate columns is picked: 95% confidence for the pick."""
+    return NormalDist().inv_cdf(1.0 - SURE_ALPHA / max(columns, 1))
+
+
 def _cheapest(cal, target, sure):
     """choose's point at the table's k: (cost, ef, shortlist length, expected
     recall, its standard error)."""
     efs, lens, measured = cal["ef"], cal["shortlist"], np.asarray(cal["recall"])
     stderr = np.asarray(cal["stderr"])
-    bound = measured - (SURE_Z if sure else 0.0) * stderr
+    skip = _target_only(cal["k"]) if sure else set()
+    if sure:
+        open_ = [j for j, length in enumerate(lens)
+                 if length not in skip and measured[:, j].max() >= target]
+        bound = measured - sure_z(len(open_)) * stderr
+    else:
+        bound = measured
     log_ef = np.log(efs)
     scored = np.asarray(cal["scored"]) + REFINED_COST * np.asarray(cal.get("refined", 0.0))
-    skip = _target_only(cal["k"]) if sure else set()
     best = None
     for j, length in enumerate(lens):
         if length in skip:
