@@ -4,14 +4,13 @@ defaults (2 threads) and the default search is run with the table read at
 several confidence levels (z, the standard errors of the table taken off
 before a point counts as reaching 0.95; "auto" is the library's own,
 _calibration.sure_z of the columns that could be picked, printed as the z
-it took). Prints, per z, the default's
-recall on the set's own 1,000 queries (never added), how many builds fell
-below 0.95, and the queries per second with 1 thread relative to z = 1.645
-on the same build (median of --repeats batches of all the queries), the first
-z being 1.000.
+it took). Prints, per z, the default's recall on the set's own 1,000
+queries (never added), how many builds fell below 0.95, and the queries
+per second with 1 thread relative to the first z listed, on the same build
+(median of --repeats batches of all the queries).
 
     python benchmarks/default_margin.py --sets clustered-100k-256,minilm-wordnet \\
-        --metrics cosine,l2,ip --seeds 0,1,2 --z auto,1.645,2.326
+        --metrics cosine,l2,ip --seeds 0,1,2 --z 1.645,auto,2.326
 
 A fresh build per seed: the table's error is its sample's, so one seed is
 one draw. The queries are the same for every seed: their own standard
@@ -52,7 +51,7 @@ def main():
     ap.add_argument("--sets", default="clustered-100k-256")
     ap.add_argument("--metrics", default="cosine,l2,ip")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--z", default="auto,1.645,2.326")
+    ap.add_argument("--z", default="1.645,auto,2.326")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="build threads")
     args = ap.parse_args()

@@ -57,10 +57,11 @@ DEFAULT_TARGET = 0.95
 # aims at r itself. The default takes the cheapest of the table's columns
 # whose bound clears the target, so the confidence is the family's: each of
 # the m columns that could be picked is tested at SURE_ALPHA / m (one-sided
-# normal bounds, Bonferroni), 2.24-2.39 standard errors for 4-6 columns.
-# One column at 1.645: 3 of 36 builds fell below 0.95 (to 0.9434, where a
-# column that erred high was the cheapest), against none at 2.326 for 2.3%
-# of the queries per second (benchmarks/default_margin.py).
+# normal bounds, Bonferroni), 2.24-2.45 standard errors for 4-7 columns.
+# At 1.645 a column, 8 of 72 builds fell below 0.95 (to 0.9434, where a
+# column that erred high was the cheapest); under this rule 1 did, for
+# 3.8% of the 1-thread queries per second at the median
+# (benchmarks/default_margin.py, 4 sets x 3 metrics x 6 index seeds).
 SURE_ALPHA = 0.05
 # Shortlist lengths, as multiples of k, up to MAX_OVERSAMPLE x the default;
 # while the longest still adds recall (more than FLAT over the one before,
@@ -407,9 +408,9 @@ def _cheapest(cal, target, sure):
     stderr = np.asarray(cal["stderr"])
     skip = _target_only(cal["k"]) if sure else set()
     if sure:
-        open_ = [j for j, length in enumerate(lens)
-                 if length not in skip and measured[:, j].max() >= target]
-        bound = measured - sure_z(len(open_)) * stderr
+        candidates = [j for j, length in enumerate(lens)
+                      if length not in skip and measured[:, j].max() >= target]
+        bound = measured - sure_z(len(candidates)) * stderr
     else:
         bound = measured
     log_ef = np.log(efs)
