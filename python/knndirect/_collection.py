@@ -32,7 +32,7 @@ from . import _calibration, _core
 from ._container import append_calibration
 from ._core import CorruptIndexError
 from ._index import (
-    Index, _as_ids, _as_matrix, _default, _float32, _positive_int,
+    Index, _as_ids, _as_matrix, _check_finite, _default, _float32, _positive_int,
     _progress_callback, _recall_target, _search_args, _tune_args, _uncalibrated, UINT32_MAX,
 )
 from ._index import TRAIN_SAMPLE
@@ -635,12 +635,7 @@ class Collection:
             # The buffer holds each row's vector and its build code.
             row_bytes = 4 * self._dim + _core.build_code_row_bytes(self._dim)
             rows = max(1, self._memory_budget // row_bytes)
-            for start in range(0, n, rows):
-                part = x[start:start + rows]
-                finite = np.isfinite(part).all(axis=1)
-                if not finite.all():
-                    bad = start + int(np.flatnonzero(~finite)[0])
-                    raise ValueError(f"vector row {bad} contains NaN or Inf")
+            _check_finite(x, rows)
             where, holders = self._where(id_arr)
             present = where >= 0
             if present.any() and not upsert:

@@ -99,6 +99,26 @@ def _float32(a):
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+def _check_finite(x, chunk, what="vector"):
+    """Raise ValueError naming the first row of x holding NaN or Inf.
+
+    Read chunk rows at a time. A row sum is non-finite wherever the row holds
+    NaN or Inf, so one reduction clears a chunk; only a chunk whose sums are
+    not all finite (a bad row, or finite values overflowing the sum) is
+    checked element by element: a boolean copy of every chunk cost 1.2% of a
+    544k x 384 build."""
+    if x.dtype.kind != "f":
+        return
+    for start in range(0, x.shape[0], chunk):
+        part = x[start:start + chunk]
+        if np.isfinite(part.sum(axis=1)).all():
+            continue
+        finite = np.isfinite(part).all(axis=1)
+        if not finite.all():
+            raise ValueError(f"{what} row {start + int(np.flatnonzero(~finite)[0])} "
+                             "contains NaN or Inf")
+
+
 def _as_matrix(x, dim, what, convert=True):
     """Check an (n, dim) numeric matrix; convert it unless asked not to (a
     memory-mapped input is then converted chunk by chunk by the caller)."""
@@ -178,9 +198,7 @@ def _tune_args(queries, dim, k):
     if q.shape[0] < _calibration.MIN_QUERIES:
         raise ValueError(f"tune needs at least {_calibration.MIN_QUERIES} queries, "
                          f"got {q.shape[0]}")
-    finite = np.isfinite(q).all(axis=1)
-    if not finite.all():
-        raise ValueError(f"query row {int(np.flatnonzero(~finite)[0])} contains NaN or Inf")
+    _check_finite(q, q.shape[0], "query")
     return _float32(q), _positive_int(k, "k", allow_none=False)
 
 
@@ -521,12 +539,7 @@ class Index:
         # copied whole.
         if id_arr is None:
             id_arr = np.arange(n, dtype=np.int64)
-        for start in range(0, n, chunk):
-            part = x[start:start + chunk]
-            finite = np.isfinite(part).all(axis=1)
-            if not finite.all():
-                bad = start + int(np.flatnonzero(~finite)[0])
-                raise ValueError(f"vector row {bad} contains NaN or Inf")
+        _check_finite(x, chunk)
         uniq, counts = np.unique(id_arr, return_counts=True)
         if uniq.shape[0] != n:
             raise ValueError(f"duplicate id {int(uniq[counts > 1][0])} in ids")
@@ -543,11 +556,24 @@ class Index:
             keep = np.ones(n, bool)
             keep[held] = False
         done = 0
+        # The chunks that skip held rows are gathered into one buffer: a
+        # fresh copy of each cost its page faults again (2% of a 544k x 384
+        # build).
+        gathered = None if keep is None else np.empty((min(n, chunk), self._dim), np.float32)
         try:
             for start in range(0, n, chunk):
                 end = min(n, start + chunk)
-                rows = slice(start, end) if keep is None else np.arange(start, end)[keep[start:end]]
-                self._core.add(_float32(x[rows]), id_arr[rows], nthreads)
+                if keep is None:
+                    rows = slice(start, end)
+                    part = _float32(x[rows])
+                else:
+                    rows = np.arange(start, end)[keep[start:end]]
+                    part = gathered[:rows.shape[0]]
+                    if x.dtype == np.float32:
+                        np.take(x, rows, axis=0, out=part, mode="clip")  # unbuffered
+                    else:
+                        part[...] = x[rows]
+                self._core.add(part, id_arr[rows], nthreads)
                 done = end
                 if report is not None and report(end, n) is False:
                     break
