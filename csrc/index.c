@@ -147,6 +147,7 @@ void kd_index_free(struct kd_index *ix)
     if (ix->map) {
         ix->graph.owns = 0;
         munmap(ix->map, ix->map_len);
+        free(ix->own_codes);
     } else {
         free(ix->codes);
         free(ix->refined);
@@ -339,9 +340,13 @@ int kd_index_grow(struct kd_index *ix, uint64_t need)
     float *v = realloc(ix->vectors, cap * d * sizeof(float));
     if (v)
         ix->vectors = v;
-    uint8_t *c = realloc(ix->codes, cap * ix->quant.code_size);
-    if (c)
+    uint8_t *c = kd_alloc_aligned(KD_CODE_ALIGN, cap * ix->quant.code_size);
+    if (c) {
+        if (ix->count)
+            memcpy(c, ix->codes, ix->count * ix->quant.code_size);
+        free(ix->codes);
         ix->codes = c;
+    }
     if (c && ix->quant.refine_size) {
         uint8_t *r = realloc(ix->refined, cap * ix->quant.refine_size);
         if (r)

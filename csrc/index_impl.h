@@ -20,6 +20,9 @@
 #include "quant.h"
 #include "vecio.h"
 
+/* The search codes' alignment: a cache line. */
+#define KD_CODE_ALIGN 64
+
 #define KD_DEFAULT_EF 64
 
 struct kd_index;
@@ -60,10 +63,11 @@ struct kd_index {
     kd_refine_fn refine; /* with refinements: their estimate; else NULL */
 
     uint64_t count, cap, live;
-    float *vectors;   /* in memory: count x dim */
-    float *inv_norms; /* cosine, in memory */
-    uint8_t *codes;
-    uint8_t *refined; /* a refinement per code (quant.h), or NULL */
+    float *vectors;     /* in memory: count x dim */
+    float *inv_norms;   /* cosine, in memory */
+    uint8_t *codes;     /* KD_CODE_ALIGN-aligned: a 64-byte code is one line */
+    uint8_t *own_codes; /* opened from an older format: its codes converted */
+    uint8_t *refined;   /* a refinement per code (quant.h), or NULL */
     int64_t *ids;
     uint8_t *deleted; /* one byte per slot, always heap-owned */
     struct kd_graph graph;

@@ -1404,7 +1404,7 @@ static int make_output(struct merge *m, uint64_t total)
     uint64_t rows = total ? total : 1;
     size_t cs = out->quant.code_size, rs = out->quant.refine_size;
     out->ids = malloc(rows * sizeof(int64_t));
-    out->codes = malloc(rows * cs);
+    out->codes = kd_alloc_aligned(KD_CODE_ALIGN, rows * cs);
     out->refined = rs ? malloc(rows * rs) : NULL;
     out->deleted = calloc(rows, 1);
     if (!out->ids || !out->codes || (rs && !out->refined) || !out->deleted ||

@@ -105,7 +105,9 @@ int kd_index_save(struct kd_index *ix, struct kd_writer *w)
         ix->calib_bytes,
     };
     uint64_t n = ix->count;
-    int err = kd_cw_begin(&cw, w, ix->quant.refine_size ? KD_FORMAT_VERSION : KD_FORMAT_PLAIN);
+    /* 1-bit codes (refined ones too) have the tail of format 4; scalar
+     * codes have none and read as version 2 always did. */
+    int err = kd_cw_begin(&cw, w, ix->quant.bits == 1 ? KD_FORMAT_VERSION : KD_FORMAT_PLAIN);
     if (!err)
         err = kd_cw_section_begin(&cw, KD_SEC_META);
     if (!err)
@@ -196,12 +198,12 @@ static size_t meta_extra_bytes(const struct kd_meta *m)
 }
 
 /* The metadata every later size and offset is computed from. */
-static int check_meta(const struct kd_meta *m)
+static int check_meta(const struct kd_meta *m, uint32_t version)
 {
     if (m->dim == 0 || m->dim > (1u << 20) || !kd_metric((int)m->metric) ||
         !kd_valid_quantization(m->quantization) || m->m < 2 || m->m > 256 || m->m0 != 2 * m->m ||
         m->pdim != kd_quant_padded_dim(m->dim) ||
-        m->code_size != kd_quant_code_size(kd_q_bits((int)m->quantization), m->dim) ||
+        m->code_size != kd_quant_file_code_size(kd_q_bits((int)m->quantization), m->dim, version) ||
         m->record_bytes != m->dim * 4 || m->record_stride < m->record_bytes ||
         m->record_stride > m->record_bytes + (1u << 24) || m->count >= UINT32_MAX ||
         m->live > m->count || m->max_level < -1 || m->max_level > KD_MAX_LEVEL ||
@@ -352,6 +354,23 @@ static int read_section(struct kd_container_reader *cr, uint32_t id, void *dst, 
     return err ? err : kd_cr_section_end(cr);
 }
 
+/* The codes section into ix's layout: a file before format 4 holds
+ * 1-bit codes with the longer tail, read aside and converted. */
+static int read_codes(struct kd_container_reader *cr, struct kd_index *ix, uint64_t n,
+                      uint32_t file_code_size)
+{
+    if (file_code_size == ix->quant.code_size)
+        return read_section(cr, KD_SEC_CODES, ix->codes, n * file_code_size);
+    uint8_t *old = malloc(n ? n * file_code_size : 1);
+    if (!old)
+        return kd_fail(-ENOMEM, "out of memory reading the codes");
+    int err = read_section(cr, KD_SEC_CODES, old, n * file_code_size);
+    if (!err)
+        kd_quant_codes_from_file(&ix->quant, cr->version, old, ix->codes, n);
+    free(old);
+    return err;
+}
+
 int kd_index_load(struct kd_index **out, struct kd_reader *r)
 {
     struct kd_container_reader cr;
@@ -364,7 +383,7 @@ int kd_index_load(struct kd_index **out, struct kd_reader *r)
     if (!err)
         err = kd_cr_read(&cr, &m, sizeof m);
     if (!err)
-        err = check_meta(&m);
+        err = check_meta(&m, cr.version);
     size_t xb = err ? 0 : meta_extra_bytes(&m);
     if (!err && !(extra = malloc(xb)))
         err = kd_fail(-ENOMEM, "out of memory");
@@ -397,7 +416,7 @@ int kd_index_load(struct kd_index **out, struct kd_reader *r)
     uint64_t upper = 0;
     if ((err = read_section(&cr, KD_SEC_IDS, ix->ids, n * 8)) ||
         (err = read_section(&cr, KD_SEC_DELETED, ix->deleted, n)) ||
-        (err = read_section(&cr, KD_SEC_CODES, ix->codes, n * m.code_size)) ||
+        (err = read_codes(&cr, ix, n, m.code_size)) ||
         (err = read_section(&cr, KD_SEC_LEVELS, g->levels, n)) ||
         (err = check_levels(g->levels, n, m.max_level, &upper)) ||
         (kd_cr_expect(&cr, stream_end(&m, upper * (1 + m.m) * 4, sections_in(&m))), 0) ||
@@ -592,7 +611,7 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
         goto fail;
     }
     memcpy(&m, map + meta->offset, sizeof m);
-    if ((err = check_meta(&m)) || meta->length != sizeof m + meta_extra_bytes(&m)) {
+    if ((err = check_meta(&m, c.version)) || meta->length != sizeof m + meta_extra_bytes(&m)) {
         err = err ? err : kd_fail(-KD_ECORRUPT, "index metadata has the wrong size");
         prefix_path(path);
         goto fail;
@@ -670,6 +689,14 @@ int kd_index_open(struct kd_index **out, const char *path, const struct kd_open_
 #undef VIA_MAP
     kd_scanner_free(&sc);
     ix->codes = ix->map + codes->offset;
+    if (m.code_size != ix->quant.code_size) { /* before format 4: converted into RAM */
+        if (!(ix->own_codes = kd_alloc_aligned(KD_CODE_ALIGN, n * ix->quant.code_size))) {
+            err = kd_fail(-ENOMEM, "out of memory converting the codes of %s", path);
+            goto fail;
+        }
+        kd_quant_codes_from_file(&ix->quant, c.version, ix->codes, ix->own_codes, n);
+        ix->codes = ix->own_codes;
+    }
     ix->refined = refined ? ix->map + refined->offset : NULL;
     ix->ids = (int64_t *)(ix->map + ids->offset);
     g->level0 = (uint32_t *)(ix->map + level0->offset);

@@ -19,6 +19,35 @@ uint32_t kd_quant_code_size(uint32_t bits, uint32_t dim)
     return kd_quant_padded_dim(dim) / 8 + (uint32_t)sizeof(struct kd_code_tail);
 }
 
+uint32_t kd_quant_file_code_size(uint32_t bits, uint32_t dim, uint32_t version)
+{
+    if (bits != 1 || version >= KD_FORMAT_CODE_TAIL16)
+        return kd_quant_code_size(bits, dim);
+    return kd_quant_padded_dim(dim) / 8 + KD_CODE_TAIL_V3;
+}
+
+void kd_quant_codes_from_file(const struct kd_quant *q, uint32_t version, const uint8_t *from,
+                              uint8_t *to, uint64_t n)
+{
+    uint32_t in = kd_quant_file_code_size(q->bits, q->dim, version), bits = q->pdim / 8;
+    if (in == q->code_size) {
+        memcpy(to, from, n * in);
+        return;
+    }
+    for (uint64_t i = 0; i < n; i++, from += in, to += q->code_size) {
+        float f[4]; /* scale, |o-c|^2, <o-c, c>, shift */
+        struct kd_code_tail t;
+        memcpy(f, from + bits, sizeof f);
+        memcpy(&t.ones, from + bits + 16, 2);
+        memcpy(&t.centre, from + bits + 18, 2);
+        t.scale = f[0];
+        t.corr = q->metric == KD_L2 ? f[1] : f[2];
+        t.shift = f[3];
+        memcpy(to, from, bits);
+        memcpy(to + bits, &t, sizeof t);
+    }
+}
+
 uint32_t kd_quant_refine_size(uint32_t refine, uint32_t dim)
 {
     if (!refine)
@@ -386,8 +415,7 @@ void kd_quant_encode(const struct kd_quant *q, const float *x, uint8_t *code, ui
         memcpy(code + w * 8, &word, 8);
     }
     t.scale = abs_sum > 0 ? (float)(nn / abs_sum) : 0.0f;
-    t.norm_sq = nn;
-    t.dot_c = dc;
+    t.corr = q->metric == KD_L2 ? nn : dc;
     t.shift = (float)shift;
     t.ones = (uint16_t)ones;
     t.centre = (uint16_t)j;
@@ -519,8 +547,8 @@ static inline float from_ip(const struct kd_quant *q, const struct kd_qcode *qc,
     if (__builtin_expect(qc->centre_gen[t.centre] != qc->gen, 0))
         centre_terms(q, qc, t.centre);
     if (q->metric == KD_L2)
-        return t.norm_sq + qc->norm_sq[t.centre] - 2.0f * ip;
-    return -(ip + t.dot_c + qc->dot_c[t.centre]);
+        return t.corr + qc->norm_sq[t.centre] - 2.0f * ip;
+    return -(ip + t.corr + qc->dot_c[t.centre]);
 }
 
 /* The estimate from the weighted popcount s = sum_b 2^b |bits & plane_b|. */

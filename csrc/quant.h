@@ -34,19 +34,26 @@
 #define KD_QUERY_BITS 4
 
 
-/* Trailer of every code, after pdim/8 bytes of sign bits. */
+/* Trailer of every 1-bit code, after pdim/8 bytes of sign bits. Only one
+ * correction serves a metric, so it is the one kept: at 384 dimensions a
+ * code is then 64 bytes, one cache line a beam step instead of two. */
 struct kd_code_tail {
     float scale;     /* |o-c|^2 / sum|P(o-c)| */
-    float norm_sq;   /* |o-c|^2 */
-    float dot_c;     /* <o-c, c> */
+    float corr;      /* |o-c|^2 for l2, else <o-c, c> */
     float shift;     /* <s, P(c-g)> */
     uint16_t ones;   /* number of 1 bits */
     uint16_t centre; /* index of c */
 };
 
-/* Stored in the codes section of index files. */
-_Static_assert(sizeof(struct kd_code_tail) == 20, "code tails are stored in files");
-_Static_assert(offsetof(struct kd_code_tail, ones) == 16, "code tails are stored in files");
+/* Stored in the codes section of index files (format 4 on). */
+_Static_assert(sizeof(struct kd_code_tail) == 16, "code tails are stored in files");
+_Static_assert(offsetof(struct kd_code_tail, ones) == 12, "code tails are stored in files");
+
+/* Formats 1 to 3 stored a 20-byte tail: scale, |o-c|^2, <o-c, c>, shift
+ * (floats), ones, centre (u16). */
+#define KD_CODE_TAIL_V3 20
+/* The first format with the 16-byte tail. */
+#define KD_FORMAT_CODE_TAIL16 4
 
 /* A refinement, kept apart from the codes so that the beam's codes stay
  * dense: this head, then pdim/2 bytes of levels, dimension 2i in the low
@@ -102,6 +109,12 @@ struct kd_qcode {
 uint32_t kd_quant_padded_dim(uint32_t dim);
 /* Bytes a code and its refinement take (checked against files). */
 uint32_t kd_quant_code_size(uint32_t bits, uint32_t dim);
+/* Bytes a code takes in a file of the given format version. */
+uint32_t kd_quant_file_code_size(uint32_t bits, uint32_t dim, uint32_t version);
+/* n codes of q stored as a file of that version stores them (from) into
+ * q's layout (to, n * q->code_size bytes); from == to is not allowed. */
+void kd_quant_codes_from_file(const struct kd_quant *q, uint32_t version, const uint8_t *from,
+                              uint8_t *to, uint64_t n);
 uint32_t kd_quant_refine_size(uint32_t refine, uint32_t dim);
 
 /* Set up a quantizer; centres NULL means one zero centre, signs NULL draws

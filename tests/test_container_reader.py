@@ -59,11 +59,12 @@ def test_crc32c_known_values():
 def test_layout_of_engine_files(saved):
     path, blob, info, n = saved
     refined = info["quantization"] == "1bit+4bit"
+    one_bit = info["quantization"].startswith("1bit")
     names = ENGINE_SECTIONS + ["refinements"] * refined
     for src in (path, str(path), blob, bytearray(blob), memoryview(blob), io.BytesIO(blob)):
         layout = C.read_layout(src)
         assert layout.size == len(blob)
-        assert layout.version == (C.FORMAT_VERSION if refined else C.PLAIN_FORMAT_VERSION)
+        assert layout.version == (C.FORMAT_VERSION if one_bit else C.PLAIN_FORMAT_VERSION)
         assert [s.name for s in layout] == names
         assert layout.tail.count == len(layout) == len(names)
     end = BLOCK

@@ -487,7 +487,7 @@ def test_section_helpers_keep_a_valid_file(small):
     blob = small[0]
     assert with_section(blob, 6, lambda d: None) == blob
     assert with_table(blob, lambda rows: None) == blob
-    assert with_version(blob, container.PLAIN_FORMAT_VERSION) == blob
+    assert with_version(blob, struct.unpack_from("<I", blob, 8)[0]) == blob
 
 
 # ------------------------------------------------------------- foreign files

@@ -39,9 +39,9 @@ def test_info_names_the_quantization_and_its_bytes(pair):
     pdim = DIM  # a multiple of 64 already
     assert refined.info()["quantization"] == "1bit+4bit"
     assert plain.info()["quantization"] == "1bit"
-    # 1-bit code (sign bits + 20-byte tail), then step, shift and 4-bit levels
-    assert plain.info()["code_size"] == pdim // 8 + 20
-    assert refined.info()["code_size"] == pdim // 8 + 20 + 8 + pdim // 2
+    # 1-bit code (sign bits + 16-byte tail), then step, shift and 4-bit levels
+    assert plain.info()["code_size"] == pdim // 8 + 16
+    assert refined.info()["code_size"] == pdim // 8 + 16 + 8 + pdim // 2
     extra = refined.info()["resident_bytes"] - plain.info()["resident_bytes"]
     assert extra == len(base) * (8 + pdim // 2)
 
@@ -141,10 +141,11 @@ def test_refinement_section(pair, tmp_path):
     plain.save(a)
     refined.save(b)
     assert "refinements" not in _container.read_layout(a)
-    # the lowest version that holds the file: older builds refuse it by version
-    assert _container.read_layout(a).version == _container.PLAIN_FORMAT_VERSION == 2
-    assert _container.read_layout(b).version == _container.FORMAT_VERSION == 3
-    assert kd.features()["format_version"] == 3
+    # the lowest version that holds the file: older builds refuse it by
+    # version (format 4 shortened the 1-bit codes' tails, refined or not)
+    assert _container.read_layout(a).version == _container.FORMAT_VERSION == 4
+    assert _container.read_layout(b).version == _container.FORMAT_VERSION == 4
+    assert kd.features()["format_version"] == 4
     sec = _container.read_layout(b)["refinements"]
     assert sec.length == len(base) * (8 + DIM // 2)
     raw = np.frombuffer(_container.read_section(b, "refinements"), np.uint8)

@@ -120,20 +120,59 @@ def test_golden_answers(path, how):
 @pytest.mark.parametrize("path", GOLDEN, ids=[os.path.basename(p)[:-4] for p in GOLDEN])
 def test_golden_resaved_by_this_build(path, tmp_path):
     """Loading an old file and saving it writes the current format (the
-    newest with refined codes, the plain version without), with the same
-    answers."""
+    newest for 1-bit codes, whose tails format 4 shortened, refined or not;
+    the plain version for scalar codes), with the same answers: through the
+    codes too, converted from an older tail."""
     e = _expected(path)
     index = kd.load(path)
-    refined = index.info()["quantization"] == "1bit+4bit"
+    one_bit = index.info()["quantization"].startswith("1bit")
     out = tmp_path / "resaved.kdx"
     index.save(out)
     index.close()
-    assert _file_version(out) == (kd.features()["format_version"] if refined
+    assert _file_version(out) == (kd.features()["format_version"] if one_bit
                                   else _container.PLAIN_FORMAT_VERSION)
     for again in (kd.load(out), open_quiet(out, "threads")):
         D, I = again.search(e["queries"], K, exact=True)
         np.testing.assert_array_equal(I, e["exact_I"])
+        live = len(again)
+        D, I = again.search(e["queries"], K, ef=live, oversample=live / K)
+        np.testing.assert_array_equal(I, e["full_I"])
         again.close()
+
+
+OLD_TAILED = [p for p in GOLDEN if _file_version(p) < 4 and "_1bit" in os.path.basename(p)]
+
+
+@pytest.mark.parametrize("path", OLD_TAILED, ids=[os.path.basename(p)[:-4] for p in OLD_TAILED])
+def test_older_code_tails_convert_byte_for_byte(path, tmp_path):
+    """Formats 1 to 3 stored a 1-bit code's tail as scale, |o-c|^2, <o-c, c>,
+    shift (floats), ones, centre (u16): 20 bytes. Format 4 keeps only the
+    correction the metric uses (|o-c|^2 for l2). Loading and saving such a
+    file converts every code to exactly that, and opening it in place serves
+    the same codes (the same estimates, so the same ranking)."""
+    meta = _container.read_metadata(path)
+    n, bits = meta["count"], meta["pdim"] // 8
+    old = np.frombuffer(_container.read_section(path, "codes"), np.uint8).reshape(n, -1)
+    assert old.shape[1] == meta["code_size"] == bits + 20
+    corr = bits + 4 if meta["metric"] == 0 else bits + 8  # enum kd_metric: 0 is l2
+    want = np.concatenate([old[:, :bits + 4], old[:, corr:corr + 4], old[:, bits + 12:]], axis=1)
+    index = kd.load(path)
+    out = tmp_path / "resaved.kdx"
+    index.save(out)
+    assert _container.read_metadata(out)["code_size"] == bits + 16
+    got = np.frombuffer(_container.read_section(out, "codes"), np.uint8).reshape(n, -1)
+    np.testing.assert_array_equal(got, want)
+    q = _expected(path)["queries"]
+    opened = open_quiet(path, "threads")
+    try:
+        for ef in (10, 40):
+            D0, I0 = index.search(q, K, ef=ef, oversample=1, rerank=False)
+            D1, I1 = opened.search(q, K, ef=ef, oversample=1, rerank=False)
+            np.testing.assert_array_equal(I0, I1)
+            np.testing.assert_array_equal(D0, D1)
+    finally:
+        opened.close()
+        index.close()
 
 
 # ------------------------------------------------------------------ versions

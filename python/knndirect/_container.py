@@ -56,8 +56,8 @@ TAIL_MAGIC = b"KNNDEND1"
 HEADER_CRC_AT = HEADER_BYTES - 4
 ENTRY_CRC_AT = 24
 TAIL_CRC_AT = 12
-FORMAT_VERSION = 3          # the newest version this reader knows
-PLAIN_FORMAT_VERSION = 2    # what a file without refined codes is written as
+FORMAT_VERSION = 4          # the newest version this reader knows
+PLAIN_FORMAT_VERSION = 2    # what a file with scalar codes is written as
 MIN_FORMAT_VERSION = 1
 MAX_SECTIONS = 16
 

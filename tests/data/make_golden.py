@@ -6,8 +6,9 @@ old ones: the files already here were written by older versions, and every
 later build must keep opening them with the same answers. Regenerating an
 existing golden file in place defeats the test, so a case whose file exists
 is skipped. A file is named by the version written into it: a build writes
-the lowest version that holds the file's content (3 for refined codes,
-2 otherwise), so a case can stay at an older version.
+the lowest version that holds the file's content (4 for 1-bit codes, refined
+or not, since format 4 shortened their trailer; 2 for scalar codes), so a
+case can stay at an older version.
 
     python tests/data/make_golden.py            # writes golden_v<N>_*.{kdx,npz}
 
