@@ -90,6 +90,27 @@ def test_search_nan_inf(idx, bad, exact):
         index.search(q[2], 5, exact=exact)
 
 
+def test_finite_check_by_row_sums_names_the_row():
+    """Adds clear a chunk with one row-sum pass and check element by element
+    only where a sum is not finite: finite values whose sum overflows pass,
+    and a bad row is named wherever it lies."""
+    from knndirect._index import _check_finite
+    x = np.zeros((1000, 8), np.float32)
+    x[10, :2] = 3e38                  # a finite row whose float32 sum overflows
+    x[11, :2] = (3e38, -3e38)
+    _check_finite(x, 64)
+    _check_finite(np.full((100, 8), 6e4, np.float16), 64)  # float16 sums overflow too
+    _check_finite(np.full((5, 8), 2**40, np.int64), 2)              # integers are always finite
+    for row, values in ((777, (np.nan,)), (999, (np.inf,)), (64, (np.inf, -np.inf)),
+                        (0, (-np.inf,))):
+        bad = x.copy()
+        bad[row, :len(values)] = values
+        with pytest.raises(ValueError, match=f"vector row {row} contains NaN or Inf"):
+            _check_finite(bad, 64)
+    with pytest.raises(ValueError, match="query row 3 contains"):
+        _check_finite(np.array([[0.0]] * 3 + [[np.nan]], np.float64), 2, "query")
+
+
 # ---------------------------------------------------------------- ids
 
 def test_duplicate_ids_within_one_add():

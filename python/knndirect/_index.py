@@ -111,7 +111,9 @@ def _check_finite(x, chunk, what="vector"):
         return
     for start in range(0, x.shape[0], chunk):
         part = x[start:start + chunk]
-        if np.isfinite(part.sum(axis=1)).all():
+        with np.errstate(over="ignore", invalid="ignore"):
+            sums = part.sum(axis=1)
+        if np.isfinite(sums).all():
             continue
         finite = np.isfinite(part).all(axis=1)
         if not finite.all():
