@@ -246,4 +246,10 @@ MUTATIONS = [
          tests=["tests/test_recall_target.py::test_default_bound_counts_the_columns_it_picks_from"],
          est=5, why="the default would take the cheapest of several columns at one column's confidence: "
                     "8 of 72 builds below 0.95 against 1"),
+    dict(name="old-tail-wrong-correction", file="csrc/quant.c",
+         edits=[("        t.corr = q->metric == KD_L2 ? f[1] : f[2];",
+                 "        t.corr = q->metric == KD_L2 ? f[2] : f[1];")],
+         tests=["tests/test_storage_golden.py::test_older_code_tails_convert_byte_for_byte"],
+         est=40, why="files of formats 1 to 3 would be searched with the other metric's correction: "
+                     "every estimate off by a per-row term"),
 ]
