@@ -101,6 +101,7 @@ def test_finite_check_by_row_sums_names_the_row():
     _check_finite(x, 64)
     _check_finite(np.full((100, 8), 6e4, np.float16), 64)  # float16 sums overflow too
     _check_finite(np.full((5, 8), 2**40, np.int64), 2)              # integers are always finite
+    _check_finite(np.zeros((0, 8), np.float32), 0)                   # nothing to check
     for row, values in ((777, (np.nan,)), (999, (np.inf,)), (64, (np.inf, -np.inf)),
                         (0, (-np.inf,))):
         bad = x.copy()

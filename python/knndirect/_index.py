@@ -109,6 +109,7 @@ def _check_finite(x, chunk, what="vector"):
     544k x 384 build."""
     if x.dtype.kind != "f":
         return
+    chunk = max(1, chunk)
     for start in range(0, x.shape[0], chunk):
         part = x[start:start + chunk]
         with np.errstate(over="ignore", invalid="ignore"):
