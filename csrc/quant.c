@@ -30,10 +30,6 @@ void kd_quant_codes_from_file(const struct kd_quant *q, uint32_t version, const 
                               uint8_t *to, uint64_t n)
 {
     uint32_t in = kd_quant_file_code_size(q->bits, q->dim, version), bits = q->pdim / 8;
-    if (in == q->code_size) {
-        memcpy(to, from, n * in);
-        return;
-    }
     for (uint64_t i = 0; i < n; i++, from += in, to += q->code_size) {
         float f[4]; /* scale, |o-c|^2, <o-c, c>, shift */
         struct kd_code_tail t;

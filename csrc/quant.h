@@ -111,8 +111,9 @@ uint32_t kd_quant_padded_dim(uint32_t dim);
 uint32_t kd_quant_code_size(uint32_t bits, uint32_t dim);
 /* Bytes a code takes in a file of the given format version. */
 uint32_t kd_quant_file_code_size(uint32_t bits, uint32_t dim, uint32_t version);
-/* n codes of q stored as a file of that version stores them (from) into
- * q's layout (to, n * q->code_size bytes); from == to is not allowed. */
+/* n 1-bit codes of q as a file of a version before 4 stores them (from),
+ * with the 20-byte tail, into q's layout (to, n * q->code_size bytes);
+ * from == to is not allowed. Callers read files of q's own layout as is. */
 void kd_quant_codes_from_file(const struct kd_quant *q, uint32_t version, const uint8_t *from,
                               uint8_t *to, uint64_t n);
 uint32_t kd_quant_refine_size(uint32_t refine, uint32_t dim);

@@ -68,8 +68,9 @@ def features() -> dict:
         kernel set in use, e.g. "avx2" or "scalar"), ``estimate`` (str: the
         1-bit code estimator in use, "avx512" where the CPU has VPOPCNTQ,
         else "avx2", "popcnt" or "scalar") and ``format_version``
-        (int: the newest index file version this build reads and writes;
-        files without refined codes are written as version 2).
+        (int: the newest index file version this build reads and writes,
+        4, for files with 1-bit codes; files with scalar codes are written
+        as version 2; ``min_format_version`` is the oldest it reads).
     """
     return _core.features()
 
