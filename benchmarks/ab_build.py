@@ -11,7 +11,8 @@ defaults to the working tree, uncommitted changes included). Each round
 runs one fresh process per build, in alternating order; a process builds
 clustered data (M 16, ef_construction 200, seed 1, --threads build
 threads), then times five 1-thread batch searches of 1,000 queries at ef
-64 and keeps their median. Nothing is saved, so a round takes one build's
+64 and keeps their median, with their recall@10 against the exact answer
+(the graph's quality at that cost). Nothing is saved, so a round takes one build's
 time: ten rounds fit where ab.py's full workload runs three. The table is
 ab.py's: each side's median, their ratio, the median and range of the
 per-round ratios, and the rounds the head won. --base-cache / --head-cache
@@ -27,6 +28,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 
 import ab  # noqa: E402
+import numpy as np  # noqa: E402
+from knndirect.datasets import ground_truth  # noqa: E402
 
 WORKLOAD = r"""
 import json, resource, sys, time
@@ -46,11 +49,14 @@ r1 = resource.getrusage(resource.RUSAGE_SELF)
 times = []
 for _ in range(5):
     t0 = time.perf_counter()
-    index.search(q, k=10, ef=64, threads=1)
+    _, ids = index.search(q, k=10, ef=64, threads=1)
     times.append(time.perf_counter() - t0)
+gt = np.load(sys.argv[6])
+recall = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, gt)]))
 cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
 print("AB " + json.dumps({"build_s": wall, "build_cpu_s": cpu,
-                          "search_qps": len(q) / sorted(times)[2]}))
+                          "search_qps": len(q) / sorted(times)[2],
+                          "recall_at_ef64": recall}))
 """
 
 
@@ -61,9 +67,11 @@ def main(argv=None):
     p.add_argument("--head-cache", default="", help="last-level cache bytes the head build assumes")
     args = p.parse_args(argv)
     cache = {"base": args.base_cache, "head": args.head_cache}
-    with ab.short_work(args, "kd-ab-build-") as (_, libs, files):
+    with ab.short_work(args, "kd-ab-build-") as (work, libs, files):
+        gt = os.path.join(work, "gt.npy")
+        np.save(gt, ground_truth(np.load(files[0]), np.load(files[1]), 10, args.metric)[0])
         runs = ab.interleave(libs, args.rounds,
-                             lambda name: [*files, str(args.threads), args.metric, cache[name]],
+                             lambda name: [*files, str(args.threads), args.metric, cache[name], gt],
                              WORKLOAD)
     ab.report(runs, dict(vars(args), queries=1000))
 

@@ -19,19 +19,26 @@
  * coarsen every other dimension's levels. */
 #define FIT_CLAMPED 1e-5
 
-/* Each loop returns sum_j q_a[j] * b[j] over the stored bytes, where a and b
- * are stored codes (q + 128) and q_a is a read back as signed (top bit
- * flipped). As b = q_b + 128, the caller takes 128 * sum(q_a) off to get
- * <q_a, q_b>. */
-static void dot4_scalar(const uint8_t *a, const uint8_t *const rows[4], size_t width,
+/* Each loop returns <q_a, q_b> of stored codes a and b (bytes q + 128).
+ * Those that multiply q_a by the stored byte q_b + 128 take off `shift`,
+ * the node's 128 sum(q_a), which its row keeps. */
+static void dot4_scalar(const uint8_t *a, int64_t shift, const uint8_t *const rows[4], size_t width,
                         int64_t out[4])
 {
     for (int r = 0; r < 4; r++) {
         int64_t acc = 0;
         for (size_t j = 0; j < width; j++)
             acc += (int8_t)(a[j] ^ 0x80) * (int32_t)rows[r][j];
-        out[r] = acc;
+        out[r] = acc - shift;
     }
+}
+
+static int64_t dot1_scalar(const uint8_t *a, int64_t shift, const uint8_t *row, size_t width)
+{
+    int64_t acc = 0;
+    for (size_t j = 0; j < width; j++)
+        acc += (int8_t)(a[j] ^ 0x80) * (int32_t)row[j];
+    return acc - shift;
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -52,26 +59,69 @@ __attribute__((target("avx2"))) static inline void sum4(const __m256i y[4], int6
         out[r] = v[r];
 }
 
-__attribute__((target("avx2"))) static void
-dot4_avx2(const uint8_t *a, const uint8_t *const rows[4], size_t width, int64_t out[4])
+__attribute__((target("avx2"))) static inline __m256i load_signed(const uint8_t *p)
+{
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi8((char)0x80));
+}
+
+/* q stays within [-127, 127], so q_a q_b is exact in 16 bits as |q_a|
+ * times q_b signed like q_a (127 * 127 twice is under 2^15): 32 byte pairs
+ * an instruction, with no widening of the bytes first. */
+__attribute__((target("avx2"))) static inline __m256i dot_step(__m256i qa, __m256i abs_a,
+                                                               const uint8_t *row)
+{
+    __m256i p = _mm256_maddubs_epi16(abs_a, _mm256_sign_epi8(load_signed(row), qa));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* A width that is an odd multiple of 16 ends with 16 bytes widened to 16
+ * bits. */
+__attribute__((target("avx2"))) static inline __m256i tail16(const uint8_t *a, const uint8_t *row)
+{
+    const __m128i flip = _mm_set1_epi8((char)0x80);
+    __m128i qa = _mm_xor_si128(_mm_loadu_si128((const __m128i *)a), flip);
+    __m128i qb = _mm_xor_si128(_mm_loadu_si128((const __m128i *)row), flip);
+    return _mm256_madd_epi16(_mm256_cvtepi8_epi16(qa), _mm256_cvtepi8_epi16(qb));
+}
+
+__attribute__((target("avx2"))) static void dot4_avx2(const uint8_t *a, int64_t shift,
+                                                      const uint8_t *const rows[4], size_t width,
+                                                      int64_t out[4])
 {
     __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                       _mm256_setzero_si256()};
-    const __m128i flip = _mm_set1_epi8((char)0x80);
-    for (size_t j = 0; j < width; j += 16) {
-        __m256i qa = _mm256_cvtepi8_epi16(
-            _mm_xor_si128(_mm_loadu_si128((const __m128i *)(a + j)), flip));
-        for (int r = 0; r < 4; r++) {
-            __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(rows[r] + j)));
-            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(qa, b));
-        }
+    size_t j = 0;
+    for (; j + 32 <= width; j += 32) {
+        __m256i qa = load_signed(a + j), abs_a = _mm256_abs_epi8(qa);
+        for (int r = 0; r < 4; r++)
+            acc[r] = _mm256_add_epi32(acc[r], dot_step(qa, abs_a, rows[r] + j));
     }
+    for (int r = 0; j < width && r < 4; r++)
+        acc[r] = _mm256_add_epi32(acc[r], tail16(a + j, rows[r] + j));
     sum4(acc, out);
+}
+
+__attribute__((target("avx2"))) static int64_t dot1_avx2(const uint8_t *a, int64_t shift,
+                                                         const uint8_t *row, size_t width)
+{
+    __m256i acc = _mm256_setzero_si256();
+    size_t j = 0;
+    for (; j + 32 <= width; j += 32) {
+        __m256i qa = load_signed(a + j);
+        acc = _mm256_add_epi32(acc, dot_step(qa, _mm256_abs_epi8(qa), row + j));
+    }
+    if (j < width)
+        acc = _mm256_add_epi32(acc, tail16(a + j, row + j));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    return _mm_cvtsi128_si32(t);
 }
 
 /* 64 dimensions an instruction, four rows a pass sharing the node's load. */
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
-dot4_vnni(const uint8_t *a, const uint8_t *const rows[4], size_t width, int64_t out[4])
+dot4_vnni(const uint8_t *a, int64_t shift, const uint8_t *const rows[4], size_t width,
+          int64_t out[4])
 {
     __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
                       _mm512_setzero_si512()};
@@ -89,6 +139,21 @@ dot4_vnni(const uint8_t *a, const uint8_t *const rows[4], size_t width, int64_t 
         half[r] = _mm256_add_epi32(_mm512_castsi512_si256(acc[r]),
                                    _mm512_extracti64x4_epi64(acc[r], 1));
     sum4(half, out);
+    for (int r = 0; r < 4; r++)
+        out[r] -= shift;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static int64_t
+dot1_vnni(const uint8_t *a, int64_t shift, const uint8_t *row, size_t width)
+{
+    __m512i acc = _mm512_setzero_si512();
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (size_t j = 0; j < width; j += 64) {
+        __mmask64 k = width - j >= 64 ? ~0ull : (1ull << (width - j)) - 1;
+        __m512i qa = _mm512_xor_si512(_mm512_maskz_loadu_epi8(k, a + j), flip);
+        acc = _mm512_dpbusd_epi32(acc, _mm512_maskz_loadu_epi8(k, row + j), qa);
+    }
+    return _mm512_reduce_add_epi32(acc) - shift;
 }
 
 static int has_vnni(void)
@@ -104,17 +169,20 @@ int kd_bcode_use_tier(struct kd_bcode *b, int tier)
     switch (tier) {
     case KD_BCODE_SCALAR:
         b->dot4 = dot4_scalar;
+        b->dot1 = dot1_scalar;
         break;
 #if defined(__x86_64__) || defined(__i386__)
     case KD_BCODE_AVX2:
         if (!kd_cpu_has_avx2())
             return 0;
         b->dot4 = dot4_avx2;
+        b->dot1 = dot1_avx2;
         break;
     case KD_BCODE_VNNI:
         if (!has_vnni())
             return 0;
         b->dot4 = dot4_vnni;
+        b->dot1 = dot1_vnni;
         break;
 #endif
     default:
@@ -295,15 +363,20 @@ void kd_bcode_from(const struct kd_bcode *b, uint32_t a, const uint32_t *rows, s
     for (size_t i = 0; i < n; i++)
         for (size_t j = 0; j < b->stride; j += 64)
             __builtin_prefetch(code_of(b, rows[i]) + j);
+    int64_t dot[4];
     for (size_t i = 0; i < n; i += 4) {
-        const uint8_t *c[4];
-        int64_t dot[4];
-        for (size_t t = 0; t < 4; t++) /* past n: row i again, its sum unused */
-            c[t] = code_of(b, rows[i + t < n ? i + t : i]);
-        b->dot4(ca, c, b->width, dot);
-        for (size_t t = 0; t < 4 && i + t < n; t++) {
+        size_t m = n - i < 4 ? n - i : 4;
+        if (m == 4) {
+            const uint8_t *c[4] = {code_of(b, rows[i]), code_of(b, rows[i + 1]),
+                                   code_of(b, rows[i + 2]), code_of(b, rows[i + 3])};
+            b->dot4(ca, shift, c, b->width, dot);
+        } else { /* the last 1-3 rows: a pass of four would score rows twice */
+            for (size_t t = 0; t < m; t++)
+                dot[t] = b->dot1(ca, shift, code_of(b, rows[i + t]), b->width);
+        }
+        for (size_t t = 0; t < m; t++) {
             uint32_t r = rows[i + t];
-            int64_t ip = dot[t] - shift;
+            int64_t ip = dot[t];
             out[i + t] = b->l2 ? s2 * (float)(sq_a + sq_of(b, r) - 2 * ip)
                                : -(b->mean_sq + bias_a + bias_of(b, r) + s2 * (float)ip);
         }

@@ -22,8 +22,12 @@
 
 enum { KD_BCODE_SCALAR, KD_BCODE_AVX2, KD_BCODE_VNNI, KD_BCODE_TIERS };
 
-typedef void (*kd_bcode_dot4_fn)(const uint8_t *a, const uint8_t *const rows[4], size_t width,
-                                 int64_t out[4]);
+/* <q_a, q_b> of code a with four rows' codes; shift is a's 128 sum(q_a). */
+typedef void (*kd_bcode_dot4_fn)(const uint8_t *a, int64_t shift, const uint8_t *const rows[4],
+                                 size_t width, int64_t out[4]);
+/* One row's: a batch's last 1-3 rows, and selection's single checks. */
+typedef int64_t (*kd_bcode_dot1_fn)(const uint8_t *a, int64_t shift, const uint8_t *row,
+                                    size_t width);
 
 struct kd_bcode {
     uint32_t dim, width; /* width: dim rounded up to 16, pads code 0 */
@@ -37,6 +41,7 @@ struct kd_bcode {
      * (l2, int32) or step <mean, q> (float): one row's misses bring all. */
     uint8_t *rows;
     kd_bcode_dot4_fn dot4;
+    kd_bcode_dot1_fn dot1;
 };
 
 /* Bytes a row's build code takes in RAM while the index can grow; 0 past

@@ -572,20 +572,44 @@ static int group_by_centre(const struct kd_quant *q, const uint8_t *codes, size_
     return 0;
 }
 
+struct place_job {
+    struct kd_index *ix;
+    uint64_t first;
+    struct encoded staged;
+    const uint32_t *from;
+    size_t n, next;
+};
+
+/* A gather of scattered rows waits on memory, not arithmetic: workers
+ * overlap the misses (0.55 s of a 544k x 384 build's serial part). */
+static void *place_worker(void *arg)
+{
+    struct place_job *j = arg;
+    struct kd_index *ix = j->ix;
+    struct encoded staged = j->staged;
+    size_t d = ix->p.dim, cs = ix->quant.code_size, rs = ix->quant.refine_size;
+    size_t s;
+    while ((s = __atomic_fetch_add(&j->next, 4096, __ATOMIC_RELAXED)) < j->n) {
+        size_t end = s + 4096 < j->n ? s + 4096 : j->n;
+        for (; s < end; s++) {
+            size_t i = j->from[s], to = j->first + s;
+            memcpy(ix->vectors + to * d, staged.x + i * d, d * sizeof(float));
+            memcpy(ix->codes + to * cs, staged.codes + i * cs, cs);
+            if (rs)
+                memcpy(ix->refined + to * rs, staged.refined + i * rs, rs);
+            if (staged.inv_norms)
+                ix->inv_norms[to] = staged.inv_norms[i];
+        }
+    }
+    return NULL;
+}
+
 /* Rows staged in input order put in their slots from first on. */
 static void place_rows(struct kd_index *ix, uint64_t first, struct encoded staged,
-                       const uint32_t *from, size_t n)
+                       const uint32_t *from, size_t n, unsigned threads)
 {
-    size_t d = ix->p.dim, cs = ix->quant.code_size, rs = ix->quant.refine_size;
-    for (size_t s = 0; s < n; s++) {
-        size_t i = from[s];
-        memcpy(ix->vectors + (first + s) * d, staged.x + i * d, d * sizeof(float));
-        memcpy(ix->codes + (first + s) * cs, staged.codes + i * cs, cs);
-        if (rs)
-            memcpy(ix->refined + (first + s) * rs, staged.refined + i * rs, rs);
-        if (staged.inv_norms)
-            ix->inv_norms[first + s] = staged.inv_norms[i];
-    }
+    struct place_job job = {ix, first, staged, from, n, 0};
+    kd_run_workers(place_worker, &job, threads);
 }
 
 int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *ids,
@@ -650,7 +674,7 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
         ix->ids[first + put] = id;
     }
     if (grouped) {
-        place_rows(ix, first, staged, from, n);
+        place_rows(ix, first, staged, from, n, kd_resolve_threads(threads));
         for (size_t i = 0; i < n; i++)
             at[i] += (uint32_t)first; /* now the insertion order */
         /* Levels keyed by input position: the graph does not depend on

@@ -689,8 +689,8 @@ kd_refine_fn kd_refiner(const struct kd_quant *q)
     return q->refine ? kd_refiner_named(kd_refiner_variant()) : NULL;
 }
 
-/* Codes are code_size bytes apart (sign words plus a 20-byte tail), so their
- * words are not 8-byte aligned: load them with memcpy, not through a cast. */
+/* A code's words, read with memcpy rather than through a cast (aliasing);
+ * with a 16-byte tail they sit on 8-byte boundaries, so it is one load. */
 static inline uint64_t load_word(const uint8_t *code, uint32_t w)
 {
     uint64_t v;
@@ -945,13 +945,109 @@ kd_estimate_fn kd_estimator_named(const char *name)
     return NULL;
 }
 
-const char *kd_estimator_variant(void)
+/* Which variant is fastest depends on the CPU and the code's width: Zen 1
+ * runs popcnt four a cycle but splits 256-bit shuffles in two, so there
+ * popcnt beats the AVX2 lookup at 384 dimensions and loses at 768. So each
+ * width's variant is timed once (benchmarks/c/code_kernels.c times them
+ * at length): codes of random vectors scored over and over in cache, best
+ * round of each. All variants give the same floats; only speed differs. */
+#define PICK_ROWS 64
+#define PICK_REPS 8
+#define PICK_ROUNDS 5
+#define PICK_WIDTHS 129 /* cached up to 8,192 dimensions */
+
+static const char *const widest_first[] = {"avx512", "avx2", "popcnt"};
+#define NVARIANTS (sizeof widest_first / sizeof *widest_first)
+static uint8_t picked[PICK_WIDTHS]; /* 1 + index into widest_first; 0: not yet */
+
+/* Best-round ns of each available variant at width pdim into ns (0 where
+ * the CPU lacks it); -ENOMEM when the timing could not be set up. */
+static int time_variants(uint32_t pdim, double ns[NVARIANTS])
 {
-    static const char *const names[] = {"avx512", "avx2", "popcnt"};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-        if (kd_estimator_named(names[i]))
-            return names[i];
-    return "scalar";
+    struct kd_quant q;
+    struct kd_qcode qc = {0};
+    uint8_t *codes = NULL;
+    float *x = NULL;
+    int err = kd_quant_init(&q, 1, 0, pdim, KD_L2, 1, NULL, NULL, 1);
+    if (err)
+        return err;
+    if ((err = kd_qcode_alloc(&qc, &q)))
+        goto out;
+    codes = malloc((size_t)PICK_ROWS * q.code_size);
+    x = malloc((size_t)pdim * sizeof(float));
+    if (!codes || !x) {
+        err = -ENOMEM;
+        goto out;
+    }
+    uint64_t z = 88172645463325252ull;
+    for (size_t r = 0; r < PICK_ROWS; r++) {
+        for (uint32_t j = 0; j < pdim; j++) { /* xorshift: any spread of values does */
+            z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+            x[j] = (float)(z >> 40) / (float)(1 << 24) - 0.5f;
+        }
+        kd_quant_encode(&q, x, codes + r * q.code_size, NULL, qc.work);
+    }
+    kd_qcode_prepare(&q, x, &qc);
+    uint32_t rows[PICK_ROWS];
+    float out[PICK_ROWS];
+    for (uint32_t r = 0; r < PICK_ROWS; r++)
+        rows[r] = r;
+    kd_estimate_fn fn[NVARIANTS];
+    for (size_t v = 0; v < NVARIANTS; v++) {
+        fn[v] = kd_estimator_named(widest_first[v]);
+        ns[v] = 0;
+    }
+    /* Rounds interleave the variants, so that a slow spell of the machine
+     * falls on all of them. */
+    for (int round = 0; round < PICK_ROUNDS; round++)
+        for (size_t v = 0; v < NVARIANTS; v++) {
+            if (!fn[v])
+                continue;
+            uint64_t t = kd_now_ns();
+            for (int rep = 0; rep < PICK_REPS; rep++)
+                fn[v](&q, &qc, codes, rows, PICK_ROWS, out);
+            double d = (double)(kd_now_ns() - t);
+            ns[v] = round == 0 || d < ns[v] ? d : ns[v];
+        }
+out:
+    free(codes);
+    free(x);
+    kd_qcode_free(&qc);
+    kd_quant_free(&q);
+    return err;
+}
+
+/* The widest variant within 5% of the fastest: a near tie does not flip
+ * the choice from run to run. */
+static size_t pick_variant(uint32_t pdim)
+{
+    double ns[NVARIANTS];
+    size_t widest = NVARIANTS;
+    for (size_t v = NVARIANTS; v-- > 0;)
+        if (kd_estimator_named(widest_first[v]))
+            widest = v;
+    if (widest == NVARIANTS || time_variants(pdim, ns))
+        return widest;
+    double best = 0;
+    for (size_t v = 0; v < NVARIANTS; v++)
+        if (ns[v] > 0 && (best == 0 || ns[v] < best))
+            best = ns[v];
+    for (size_t v = 0; v < NVARIANTS; v++)
+        if (ns[v] > 0 && ns[v] <= 1.05 * best)
+            return v;
+    return widest;
+}
+
+const char *kd_estimator_variant(uint32_t dim)
+{
+    uint32_t pdim = kd_quant_padded_dim(dim), words = pdim / 64;
+    size_t v;
+    if (words < PICK_WIDTHS && (v = __atomic_load_n(&picked[words], __ATOMIC_RELAXED)))
+        return v > NVARIANTS ? "scalar" : widest_first[v - 1];
+    v = pick_variant(pdim); /* NVARIANTS: none available */
+    if (words < PICK_WIDTHS)
+        __atomic_store_n(&picked[words], (uint8_t)(v + 1), __ATOMIC_RELAXED);
+    return v == NVARIANTS ? "scalar" : widest_first[v];
 }
 
 kd_estimate_fn kd_estimator(const struct kd_quant *q)
@@ -964,5 +1060,5 @@ kd_estimate_fn kd_estimator(const struct kd_quant *q)
 #endif
         return q->bits == 8 ? estimate_sq8 : estimate_sq4;
     }
-    return kd_estimator_named(kd_estimator_variant());
+    return kd_estimator_named(kd_estimator_variant(q->dim));
 }

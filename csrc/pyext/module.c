@@ -100,7 +100,7 @@ static PyObject *mod_features(PyObject *mod, PyObject *unused)
     PUT("avx2", PyBool_FromLong(kd_cpu_has_avx2()));
     PUT("avx512", PyBool_FromLong(kd_cpu_has_avx512()));
     PUT("simd", PyUnicode_FromString(kd_kernels()->name));
-    PUT("estimate", PyUnicode_FromString(kd_estimator_variant()));
+    PUT("estimate", PyUnicode_FromString(kd_estimator_variant(384)));
     PUT("refine", PyUnicode_FromString(kd_refiner_variant()));
     PUT("format_version", PyLong_FromLong(KD_FORMAT_VERSION));
     PUT("min_format_version", PyLong_FromLong(KD_FORMAT_MIN_VERSION));

@@ -232,6 +232,15 @@ int main(void)
             one_case(dims[i], KD_IP, refine);
         }
     }
+    /* The timed pick: a variant this CPU has, the same on every call for a
+     * width, and shared by the dimensions that pad to one width. */
+    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) {
+        const char *v = kd_estimator_variant(dims[i]);
+        CHECK(kd_estimator_named(v) != NULL, "dim %u picked %s", dims[i], v);
+        CHECK(strcmp(v, kd_estimator_variant(dims[i])) == 0, "dim %u: the pick changed", dims[i]);
+        CHECK(strcmp(v, kd_estimator_variant(kd_quant_padded_dim(dims[i]))) == 0,
+              "dim %u: its padded width picked another", dims[i]);
+    }
     CHECK(kd_estimator_named("no such variant") == NULL, "unknown name");
     CHECK(kd_refiner_named("no such variant") == NULL, "unknown name");
     printf("%d passed, %d failed\n", n_pass, n_fail);
