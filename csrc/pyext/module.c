@@ -6,6 +6,7 @@
 #include "distance.h"
 #include "exact.h"
 #include "format.h"
+#include "hnsw.h"
 #include "quant.h"
 #include "vecio.h"
 
@@ -236,6 +237,61 @@ static PyObject *mod_build_code_dists(PyObject *mod, PyObject *args)
     return r;
 }
 
+/* Squared l2 distances among float32 rows: an oracle for the hook below. */
+struct float_rows {
+    const float *x;
+    uint32_t dim;
+};
+
+static void float_rows_from(void *ctx, uint32_t a, const uint32_t *rows, size_t n, float *out)
+{
+    const struct float_rows *f = ctx;
+    for (size_t i = 0; i < n; i++) {
+        float s = 0;
+        for (uint32_t j = 0; j < f->dim; j++) {
+            float d = f->x[(size_t)a * f->dim + j] - f->x[(size_t)rows[i] * f->dim + j];
+            s += d * d;
+        }
+        out[i] = s;
+    }
+}
+
+/* Test hook: _select_diverse(x, dim, node, candidates, cap) -> bytes of
+ * uint32 rows: insertion's diversity rule (kd_graph_select) over the
+ * candidates, nearest to node first, by squared l2 among x's rows. */
+static PyObject *mod_select_diverse(PyObject *mod, PyObject *args)
+{
+    Py_buffer x, cand;
+    unsigned int dim, node, cap;
+    if (!PyArg_ParseTuple(args, "y*IIy*I", &x, &dim, &node, &cand, &cap))
+        return NULL;
+    PyObject *r = NULL;
+    size_t rows = dim ? (size_t)x.len / sizeof(float) / dim : 0, n = (size_t)cand.len / 4;
+    struct kd_heap_item *c = malloc((n ? n : 1) * sizeof *c);
+    uint32_t *out = malloc((cap ? cap : 1) * sizeof *out);
+    const uint32_t *ids = cand.buf;
+    int ok = c && out && rows && node < rows && (size_t)x.len == rows * dim * sizeof(float);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = ids[i] < rows;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "x must be rows x dim float32, the rows in range");
+    } else {
+        struct float_rows f = {x.buf, dim};
+        struct kd_build_oracle o = {float_rows_from, &f, NULL, NULL};
+        for (size_t i = 0; i < n; i++) {
+            c[i].row = ids[i];
+            float_rows_from(&f, node, &ids[i], 1, &c[i].dist);
+        }
+        size_t kept = kd_graph_select(&o, c, n, cap, out);
+        r = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)(kept * sizeof *out));
+    }
+    free(c);
+    free(out);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&cand);
+    return r;
+}
+
 /* Test hook: _set_cache_bytes(n) has the core take the last-level cache to
  * hold n bytes (0: ask the system), which decides insertion's beam codes. */
 static PyObject *mod_set_cache_bytes(PyObject *mod, PyObject *args)
@@ -312,6 +368,8 @@ static PyMethodDef mod_methods[] = {
     {"features", mod_features, METH_NOARGS, "What this build and CPU offer."},
     {"_build_code_dists", mod_build_code_dists, METH_VARARGS,
      "_build_code_dists(x, n, dim, l2, tier): build-code distances at a SIMD tier (tests)."},
+    {"_select_diverse", mod_select_diverse, METH_VARARGS,
+     "_select_diverse(x, dim, node, candidates, cap): the neighbour-choice rule (tests)."},
     {"_set_cache_bytes", mod_set_cache_bytes, METH_VARARGS,
      "_set_cache_bytes(n): the last-level cache size the build assumes, 0 to detect (tests)."},
     {"_kernel", mod_kernel, METH_VARARGS, "Run one distance kernel variant (tests)."},

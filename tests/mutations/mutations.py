@@ -252,4 +252,10 @@ MUTATIONS = [
          tests=["tests/test_storage_golden.py::test_older_code_tails_convert_byte_for_byte"],
          est=40, why="files of formats 1 to 3 would be searched with the other metric's correction: "
                      "every estimate off by a per-row term"),
+    dict(name="neighbour-choice-skips-one", file="csrc/hnsw.c",
+         edits=[("        for (size_t j = 0, m; j < kept && good; j += m) {",
+                 "        for (size_t j = 0, m; j < kept && good; j += m + (j == 2)) {")],
+         tests=["tests/test_neighbour_choice.py::test_choice_is_the_rule"],
+         est=40, why="the checks that grow from one kept neighbour to four a pass would skip the "
+                     "fifth: candidates it should turn away kept, lists less diverse"),
 ]
