@@ -329,7 +329,7 @@ void kd_bcode_encode(struct kd_bcode *b, uint64_t row, const float *x, float mul
     double bias = 0;
     for (uint32_t j = 0; j < b->dim; j++) {
         int q = (int)lrintf((x[j] * mul - b->mean[j]) * inv);
-        q = q < -127 ? -127 : (q > 127 ? 127 : q);
+        q = q < -127 ? -127 : (q > 127 ? 127 : q); /* never -128: see dot_step */
         c[j] = (uint8_t)(q + 128);
         sum += q;
         sq += q * q;

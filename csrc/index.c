@@ -572,6 +572,8 @@ static int group_by_centre(const struct kd_quant *q, const uint8_t *codes, size_
     return 0;
 }
 
+#define PLACE_ROWS 4096 /* rows a placing worker claims at a time */
+
 struct place_job {
     struct kd_index *ix;
     uint64_t first;
@@ -589,8 +591,8 @@ static void *place_worker(void *arg)
     struct encoded staged = j->staged;
     size_t d = ix->p.dim, cs = ix->quant.code_size, rs = ix->quant.refine_size;
     size_t s;
-    while ((s = __atomic_fetch_add(&j->next, 4096, __ATOMIC_RELAXED)) < j->n) {
-        size_t end = s + 4096 < j->n ? s + 4096 : j->n;
+    while ((s = __atomic_fetch_add(&j->next, PLACE_ROWS, __ATOMIC_RELAXED)) < j->n) {
+        size_t end = s + PLACE_ROWS < j->n ? s + PLACE_ROWS : j->n;
         for (; s < end; s++) {
             size_t i = j->from[s], to = j->first + s;
             memcpy(ix->vectors + to * d, staged.x + i * d, d * sizeof(float));
@@ -609,7 +611,8 @@ static void place_rows(struct kd_index *ix, uint64_t first, struct encoded stage
                        const uint32_t *from, size_t n, unsigned threads)
 {
     struct place_job job = {ix, first, staged, from, n, 0};
-    kd_run_workers(place_worker, &job, threads);
+    size_t blocks = (n + PLACE_ROWS - 1) / PLACE_ROWS;
+    kd_run_workers(place_worker, &job, threads < blocks ? threads : (unsigned)blocks);
 }
 
 int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *ids,
