@@ -270,10 +270,12 @@ static PyObject *mod_select_diverse(PyObject *mod, PyObject *args)
     struct kd_heap_item *c = malloc((n ? n : 1) * sizeof *c);
     uint32_t *out = malloc((cap ? cap : 1) * sizeof *out);
     const uint32_t *ids = cand.buf;
-    int ok = c && out && rows && node < rows && (size_t)x.len == rows * dim * sizeof(float);
+    int ok = rows && node < rows && (size_t)x.len == rows * dim * sizeof(float);
     for (size_t i = 0; ok && i < n; i++)
         ok = ids[i] < rows;
-    if (!ok) {
+    if (!c || !out) {
+        PyErr_NoMemory();
+    } else if (!ok) {
         PyErr_SetString(PyExc_ValueError, "x must be rows x dim float32, the rows in range");
     } else {
         struct float_rows f = {x.buf, dim};
