@@ -237,7 +237,8 @@ static PyObject *mod_build_code_dists(PyObject *mod, PyObject *args)
     return r;
 }
 
-/* Squared l2 distances among float32 rows: an oracle for the hook below. */
+/* Squared l2 distances among float32 rows, by the core's kernel: an oracle
+ * for the hook below (integer coordinates keep them exact in any order). */
 struct float_rows {
     const float *x;
     uint32_t dim;
@@ -246,14 +247,9 @@ struct float_rows {
 static void float_rows_from(void *ctx, uint32_t a, const uint32_t *rows, size_t n, float *out)
 {
     const struct float_rows *f = ctx;
-    for (size_t i = 0; i < n; i++) {
-        float s = 0;
-        for (uint32_t j = 0; j < f->dim; j++) {
-            float d = f->x[(size_t)a * f->dim + j] - f->x[(size_t)rows[i] * f->dim + j];
-            s += d * d;
-        }
-        out[i] = s;
-    }
+    for (size_t i = 0; i < n; i++)
+        out[i] = kd_kernels()->l2sq(f->x + (size_t)a * f->dim, f->x + (size_t)rows[i] * f->dim,
+                                    f->dim);
 }
 
 /* Test hook: _select_diverse(x, dim, node, candidates, cap) -> bytes of
