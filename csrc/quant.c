@@ -698,25 +698,23 @@ static inline uint64_t load_word(const uint8_t *code, uint32_t w)
     return v;
 }
 
-#define ESTIMATE_BODY(POPCOUNT)                                                                    \
-    uint32_t words = q->pdim / 64;                                                                 \
-    for (size_t i = 0; i < n; i++) {                                                               \
-        const uint8_t *code = codes + (size_t)rows[i] * q->code_size;                              \
-        uint64_t s = 0;                                                                            \
-        for (int b = 0; b < KD_QUERY_BITS; b++) {                                                  \
-            const uint64_t *p = qc->planes + (size_t)b * words;                                    \
-            uint64_t c = 0;                                                                        \
-            for (uint32_t w = 0; w < words; w++)                                                   \
-                c += (uint64_t)POPCOUNT(load_word(code, w) & p[w]);                                \
-            s += c << b;                                                                           \
-        }                                                                                          \
-        out[i] = finish(q, qc, code, s);                                                           \
-    }
-
+/* The reference: one plane at a time, the plainest form of the sum. */
 static void estimate_scalar(const struct kd_quant *q, const struct kd_qcode *qc,
                             const uint8_t *codes, const uint32_t *rows, size_t n, float *out)
 {
-    ESTIMATE_BODY(__builtin_popcountll)
+    uint32_t words = q->pdim / 64;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *code = codes + (size_t)rows[i] * q->code_size;
+        uint64_t s = 0;
+        for (int b = 0; b < KD_QUERY_BITS; b++) {
+            const uint64_t *p = qc->planes + (size_t)b * words;
+            uint64_t c = 0;
+            for (uint32_t w = 0; w < words; w++)
+                c += (uint64_t)__builtin_popcountll(load_word(code, w) & p[w]);
+            s += c << b;
+        }
+        out[i] = finish(q, qc, code, s);
+    }
 }
 
 #if defined(__x86_64__)
