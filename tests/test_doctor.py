@@ -59,9 +59,9 @@ def test_json_report_matches_open_and_features(tmp_path):
     assert report["fallbacks"] == info["fallbacks"]
     assert report["record_size"] == 4096
     assert report["simd"] == kd.features()["simd"]
-    # The 1-bit estimator is timed once a process; on a near tie (Zen 1 at
-    # 384 dimensions) the doctor's process may pick another variant, all of
-    # which give the same estimates. Every other feature is fixed.
+    # The 1-bit estimator is timed once a process; on a near tie between two
+    # variants the doctor's process may pick the other, and all give the
+    # same estimates. Every other feature is fixed.
     here = json.loads(json.dumps(kd.features()))
     there = dict(report["features"])
     variants = {"scalar", "popcnt"} | {v for v in ("avx2", "avx512") if here[v]}
