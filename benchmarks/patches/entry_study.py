@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import bench_data  # noqa: E402
 import knndirect as kd  # noqa: E402
+from knndirect.datasets import recall_at_k  # noqa: E402
 
 
 def spherical_kmeans(xn, c, seed, iters=10):
@@ -86,7 +87,7 @@ def main():
                 _, ids = index.search(q, k=10, ef=ef, oversample=args.oversample, threads=1)
                 times[name].append(time.perf_counter() - t0)
                 st = index.stats(reset=True)
-                recall = np.mean([len(set(a) & set(b[:10])) / 10 for a, b in zip(ids, gt)])
+                recall = recall_at_k(ids, gt, 10)
                 seen[name] = (recall, st["scored"] / len(q), 1e6 * st["graph_seconds"] / len(q))
         kd._core._study_centres(b"", b"", 1)
         for name in setups:
