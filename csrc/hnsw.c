@@ -12,7 +12,7 @@ int kd_scratch_reserve(struct kd_search_scratch *s, uint64_t nodes, size_t ef, u
 {
     if (nodes > s->visited.cap) {
         uint64_t cap = nodes + nodes / 4 + 1024;
-        uint16_t *t = calloc(cap, sizeof(uint16_t));
+        uint8_t *t = calloc(cap, 1);
         if (!t)
             return kd_fail(-ENOMEM, "out of memory for search scratch");
         free(s->visited.tags);
@@ -59,7 +59,7 @@ void kd_scratch_free(struct kd_search_scratch *s)
 static void visited_next(struct kd_visited *v)
 {
     if (++v->now == 0) {
-        memset(v->tags, 0, v->cap * sizeof(uint16_t));
+        memset(v->tags, 0, v->cap);
         v->now = 1;
     }
 }
@@ -315,7 +315,7 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
          * the predictor loses (an eighth of insertion's own time). */
         for (uint32_t i = 0; i < n; i++) {
             uint32_t r = s->list[i];
-            uint16_t seen = v->tags[r];
+            uint8_t seen = v->tags[r];
             v->tags[r] = v->now;
             s->rows[m] = r;
             m += seen != v->now;

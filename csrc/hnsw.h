@@ -43,9 +43,9 @@ struct kd_heap_item {
 
 /* Per-thread search scratch. */
 struct kd_visited {
-    uint16_t *tags;
+    uint8_t *tags; /* one byte a node: half the cache of a 16-bit tag */
     uint64_t cap;
-    uint16_t now;
+    uint8_t now;
 };
 
 struct kd_search_scratch {
