@@ -12,7 +12,7 @@ int kd_scratch_reserve(struct kd_search_scratch *s, uint64_t nodes, size_t ef, u
 {
     if (nodes > s->visited.cap) {
         uint64_t cap = nodes + nodes / 4 + 1024;
-        uint8_t *t = calloc(cap, 1);
+        uint8_t *t = calloc(cap, sizeof *t);
         if (!t)
             return kd_fail(-ENOMEM, "out of memory for search scratch");
         free(s->visited.tags);
@@ -59,7 +59,7 @@ void kd_scratch_free(struct kd_search_scratch *s)
 static void visited_next(struct kd_visited *v)
 {
     if (++v->now == 0) {
-        memset(v->tags, 0, v->cap);
+        memset(v->tags, 0, v->cap * sizeof *v->tags);
         v->now = 1;
     }
 }
