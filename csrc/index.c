@@ -370,6 +370,11 @@ int kd_index_grow(struct kd_index *ix, uint64_t need)
     if (!ok || kd_graph_reserve(&ix->graph, cap))
         return kd_fail(-ENOMEM, "out of memory growing the index to %llu vectors",
                        (unsigned long long)need);
+    /* Searches and builds touch rows at random: one TLB entry per 2 MiB. */
+    kd_advise_huge(ix->vectors, cap * d * sizeof(float));
+    kd_advise_huge(ix->codes, cap * ix->quant.code_size);
+    if (ix->quant.refine_size)
+        kd_advise_huge(ix->refined, cap * ix->quant.refine_size);
     ix->cap = cap;
     return 0;
 }
