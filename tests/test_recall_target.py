@@ -5,6 +5,8 @@ queries. Recalls are checked against numpy brute force on queries that
 were never added."""
 import io
 import math
+import re
+import warnings
 
 import numpy as np
 import pytest
@@ -83,6 +85,24 @@ def test_recall_target_is_met_within_002(built, target):
     _, ids = index.search(queries, K, recall=target)
     got = recall_at_k(ids, truth)
     assert abs(got - target) <= 0.02, f"{metric}: recall={target} gave {got:.4f}"
+
+
+def test_a_target_past_the_table_warns_once(built):
+    """A target above every point the calibration measured cannot be read
+    from it: the search runs at the best point, and says so, once."""
+    _, _, queries, truth, index = built
+    best = max(p["recall"] for p in index.info()["calibration"]["points"])
+    target = round(best + (1 - best) / 2, 6)
+    with pytest.warns(RuntimeWarning, match=rf"recall={target} is above the best recall "
+                      r"this index's calibration measured \((0\.\d+)\)") as caught:
+        _, ids = index.search(queries, K, recall=target)
+    said = float(re.search(r"measured \((0\.\d+)\)", str(caught[0].message)).group(1))
+    assert best - 0.01 <= said <= best + 5e-5  # the table as read for this count
+    assert recall_at_k(ids, truth) >= said - 0.02
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        index.search(queries, K, recall=target)  # chosen once, warned once
+        index.search(queries, K, recall=0.95)    # within the table: no warning
 
 
 def test_cost_rises_with_the_target(built):

@@ -420,8 +420,14 @@ class Index:
                     length = math.ceil(k * oversample - 1e-9)
                     oversample = max(length, round(length * grown)) / k
             else:
-                ef, oversample = _calibration.choose_grown(self._cal, recall, k,
-                                                           shared or growth, growth)[:2]
+                ef, oversample, expect = _calibration.choose_grown(self._cal, recall, k,
+                                                                   shared or growth, growth)
+                if expect < recall - 5e-5:  # expect is rounded to 4 digits
+                    warnings.warn(
+                        f"recall={recall} is above the best recall this index's calibration "
+                        f"measured ({expect:.4f}): searching at that point (ef {ef}, "
+                        f"oversample {oversample:g}); give ef and oversample to search "
+                        "wider, or exact=True for exact answers", RuntimeWarning, stacklevel=4)
             got = self._choices[key] = ef, oversample
         return got
 
