@@ -105,6 +105,29 @@ def test_a_target_past_the_table_warns_once(built):
         index.search(queries, K, recall=0.95)    # within the table: no warning
 
 
+@pytest.mark.parametrize("quantizer", ["fitted", "own"])
+def test_a_collection_warns_once_for_a_target_past_its_tables(tmp_path, quantizer):
+    """Over segments, one warning a target (not one a segment), at the
+    caller's line: from the stretched table where the quantizer fits, from
+    the largest segment's where it does not (the first two here)."""
+    base, queries = split(12000, 200, 32, seed=4300)
+    with kd.Collection.create(tmp_path / "c", 32, "l2", merge_policy=None, threads=1) as col:
+        if quantizer == "fitted":
+            col.refit(base[:8192])
+        for start in range(0, 12000, 3000):
+            col.add(base[start:start + 3000])
+            col.commit()
+        fits = [s.index._quantizer_fits(12000) for s in col._segments]
+        assert all(fits) == (quantizer == "fitted")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            col.search(queries, K, recall=0.9999)
+            col.search(queries, K, recall=0.9999)
+        assert [w.category for w in caught] == [RuntimeWarning]
+        assert "recall=0.9999 is above the best recall" in str(caught[0].message)
+        assert caught[0].filename == __file__
+
+
 def test_cost_rises_with_the_target(built):
     _, _, queries, _, index = built
     chosen = [_calibration.choose(index._cal, t, K) for t in TARGETS]

@@ -1160,12 +1160,14 @@ class Collection:
         with self._state:
             self._check_open()
             indexes = self._indexes()
-            picks = [(len(ix), ix, c) for ix in indexes if (c := ix._widened(k, recall))]
+            picks = [(len(ix), ix, c) for ix in indexes
+                     if (c := ix._widened(k, recall, warn=False))]
             live = len(self)
             if picks:
                 size, big, (_, big_oversample) = max(picks, key=lambda p: p[0])
                 if recall is not None and all(ix._quantizer_fits(live) for ix in indexes):
                     return (*big._chosen(k, recall, among=live), False)
+                big._chosen(k, recall)  # the largest segment's table speaks for the rest
         if not picks:
             return _uncalibrated(recall, live, "merge(max_segments=1) measures one for its output")
         ef = max(c[0] for _, _, c in picks)

@@ -380,9 +380,12 @@ class Index:
             return None
         return held
 
-    def _chosen(self, k, recall, among=None):
+    def _chosen(self, k, recall, among=None, warn=True):
         """(ef, oversample) of the calibration for recall (None: the default
-        target, met with confidence), or None without a calibration.
+        target, met with confidence), or None without a calibration. A
+        target above every point the table measured gets the best one and,
+        with warn, a RuntimeWarning, once (a choice made without warn warns
+        when next taken with it).
 
         A build measures its table before its held-out queries go in, so the
         table overstates the whole index's recall: with more vectors
@@ -412,6 +415,7 @@ class Index:
         key = (recall, k, growth, shared)
         got = self._choices.get(key)
         if got is None:
+            unmet = None
             if recall is None:
                 ef, oversample = _calibration.choose(self._cal, _calibration.DEFAULT_TARGET,
                                                      k, sure=True)[:2]
@@ -423,13 +427,17 @@ class Index:
                 ef, oversample, expect = _calibration.choose_grown(self._cal, recall, k,
                                                                    shared or growth, growth)
                 if expect < recall - 5e-5:  # expect is rounded to 4 digits
-                    warnings.warn(
-                        f"recall={recall} is above the best recall this index's calibration "
-                        f"measured ({expect:.4f}): searching at that point (ef {ef}, "
-                        f"oversample {oversample:g}); give ef and oversample to search "
-                        "wider, or exact=True for exact answers", RuntimeWarning, stacklevel=4)
-            got = self._choices[key] = ef, oversample
-        return got
+                    unmet = expect
+            got = self._choices[key] = ef, oversample, unmet
+        ef, oversample, unmet = got
+        if warn and unmet is not None:
+            self._choices[key] = ef, oversample, None
+            warnings.warn(
+                f"recall={recall} is above the best recall this index's calibration "
+                f"measured ({unmet:.4f}): searching at that point (ef {ef}, "
+                f"oversample {oversample:g}); give ef and oversample to search "
+                "wider, or exact=True for exact answers", RuntimeWarning, stacklevel=4)
+        return ef, oversample
 
     def _growth(self, count=None):
         """The live count (or count) over the table's, in thousandths
@@ -459,11 +467,12 @@ class Index:
         --grow 1.9); the shortlist alone gave 0.922-0.948 at 1.95 times."""
         return self._cal.get("serves", self._cal["count"])
 
-    def _widened(self, k, recall):
+    def _widened(self, k, recall, warn=True):
         """(ef, oversample) that a search for recall uses at this moment:
         the default's widened for adds since its table (the core's rule),
-        a recall= target's as chosen; None without a table."""
-        chosen = self._chosen(k, recall)
+        a recall= target's as chosen (warn: as _chosen); None without a
+        table."""
+        chosen = self._chosen(k, recall, warn=warn)
         if chosen is None or recall is not None:
             return chosen
         ef, length = self._core.search_widths(k, *chosen, serves=self._serves())
