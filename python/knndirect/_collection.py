@@ -1167,7 +1167,7 @@ class Collection:
                 size, big, (_, big_oversample) = max(picks, key=lambda p: p[0])
                 if recall is not None and all(ix._quantizer_fits(live) for ix in indexes):
                     return (*big._chosen(k, recall, among=live), False)
-                big._chosen(k, recall)  # the largest segment's table speaks for the rest
+                big._chosen(k, recall)  # warns for a target past the largest one's table
         if not picks:
             return _uncalibrated(recall, live, "merge(max_segments=1) measures one for its output")
         ef = max(c[0] for _, _, c in picks)

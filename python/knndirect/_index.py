@@ -432,11 +432,12 @@ class Index:
         ef, oversample, unmet = got
         if warn and unmet is not None:
             self._choices[key] = ef, oversample, None
+            # No ef or oversample in it: a collection may widen them further.
             warnings.warn(
                 f"recall={recall} is above the best recall this index's calibration "
-                f"measured ({unmet:.4f}): searching at that point (ef {ef}, "
-                f"oversample {oversample:g}); give ef and oversample to search "
-                "wider, or exact=True for exact answers", RuntimeWarning, stacklevel=4)
+                f"measured ({unmet:.4f}): the search runs at that point (info()"
+                "['calibration'] lists them); give ef and oversample to search wider, "
+                "or exact=True for exact answers", RuntimeWarning, stacklevel=4)
         return ef, oversample
 
     def _growth(self, count=None):
