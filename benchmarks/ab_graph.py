@@ -7,6 +7,8 @@ times both graphs interleaved at three points.
     python benchmarks/ab_graph.py clustered-100k-384 --old /path/to/base/python --new python
     python benchmarks/ab_graph.py clustered-100k-256 --old python --new python \
         --old-cache 1e18 --new-cache 1          # build codes alone against the 1-bit beam
+    python benchmarks/ab_graph.py minilm-wordnet --old BASE/python --new python \
+        --quantization 8bit                     # both sides build these codes
 
 --old and --new are the `python/` folders of two built checkouts (say, a git
 worktree of the base revision after `python setup.py build_ext --inplace`).
@@ -36,10 +38,11 @@ import sys, time
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
 import knndirect as kd, bench_data
 ds = bench_data.resolve(sys.argv[3]); x = bench_data.load_base(ds.to_json())
-if len(sys.argv) > 6:
-    kd._core._set_cache_bytes(int(float(sys.argv[6])))
+if len(sys.argv) > 7:
+    kd._core._set_cache_bytes(int(float(sys.argv[7])))
 t = time.perf_counter()
-ix = kd.Index(ds.dim, ds.metric, m=16, ef_construction=200, seed=int(sys.argv[5]))
+ix = kd.Index(ds.dim, ds.metric, m=16, ef_construction=200, seed=int(sys.argv[5]),
+             quantization=sys.argv[6])
 ix.add(x, threads=2)
 print(time.perf_counter() - t)
 ix.save(sys.argv[4])
@@ -81,7 +84,7 @@ def compare(kd, paths, seeds, name, q, truth):
     b.close()
 
 
-def parse(doc, runs, what, argv):
+def parse(doc, runs, what, argv, *extra):
     """The arguments of an A/B script (a data set, two python/ folders, runs
     a side, the cache each side assumes), the set, its queries and truth."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
@@ -91,6 +94,8 @@ def parse(doc, runs, what, argv):
     ap.add_argument(runs, type=int, default=3)
     ap.add_argument("--old-cache", help=f"last-level cache bytes the old {what} assumes")
     ap.add_argument("--new-cache", help=f"last-level cache bytes the new {what} assumes")
+    for flag, kw in extra:
+        ap.add_argument(flag, **kw)
     args = ap.parse_args(argv)
     ds = bench_data.resolve(args.dataset)
     j = ds.to_json()
@@ -98,7 +103,9 @@ def parse(doc, runs, what, argv):
 
 
 def main(argv=None):
-    args, ds, q, truth = parse(__doc__, "--seeds", "build", argv)
+    args, ds, q, truth = parse(__doc__, "--seeds", "build", argv,
+                               ("--quantization", {"default": "1bit",
+                                                   "help": "the codes both sides build"}))
     sys.path.insert(0, str(Path(args.new).resolve()))
     import knndirect as kd
     with tempfile.TemporaryDirectory() as tmp:
@@ -108,7 +115,8 @@ def main(argv=None):
                 p = f"{tmp}/{tag}-{seed}.kdx"
                 cache = getattr(args, f"{tag}_cache")
                 cmd = [sys.executable, "-c", BUILD, str(Path(getattr(args, tag)).resolve()),
-                       str(HERE), args.dataset, p, str(seed)] + ([cache] if cache else [])
+                       str(HERE), args.dataset, p, str(seed), args.quantization]
+                cmd += [cache] if cache else []
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 print(f"{tag} seed {seed}: build {float(out.stdout):.1f} s", flush=True)
                 paths[tag, seed] = p

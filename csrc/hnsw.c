@@ -497,6 +497,18 @@ int kd_graph_prepare_keyed(struct kd_graph *g, uint64_t first, uint64_t last, ui
 
 /* ---- insertion */
 
+/* In place: the first pass writes only where it has read. */
+void kd_graph_skeleton_first(const struct kd_graph *g, uint64_t first, size_t n, uint32_t *order)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (g->levels[order[i]] > 0)
+            order[k++] = order[i];
+    for (size_t r = 0; r < n; r++)
+        if (g->levels[first + r] == 0)
+            order[k++] = (uint32_t)(first + r);
+}
+
 struct insert_ctx {
     struct kd_graph *g;
     const struct kd_build_oracle *o;

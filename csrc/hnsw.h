@@ -145,6 +145,12 @@ size_t kd_graph_select(const struct kd_build_oracle *o, const struct kd_heap_ite
 int kd_graph_reconnect(struct kd_graph *g, const uint32_t *nodes, size_t n,
                        uint32_t ef_construction, const struct kd_build_oracle *o, unsigned threads);
 
+/* order[0..n) names nodes [first, first + n), prepared, in some order; it
+ * becomes an insertion order: the nodes with upper levels as they came (a
+ * sparse skeleton over every region), then the level-0 nodes by row, so
+ * that rows stored a neighbourhood at a time are inserted so too. */
+void kd_graph_skeleton_first(const struct kd_graph *g, uint64_t first, size_t n, uint32_t *order);
+
 /* Insert nodes [first, last), whose levels and upper lists kd_graph_prepare
  * has set, using `threads` workers, in row order; or, with order, the nodes
  * order[0..last - first) names in that order. The graph's count becomes at

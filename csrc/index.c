@@ -651,16 +651,19 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
     /* Grouped by centre, the rows are encoded aside (their codes name the
      * centre) and then put in their slots; else encoded in place. */
     grouped = ix->quant.ncentres > 1 && n > 1;
+    if (n > 1 && !(at = malloc(n * sizeof *at))) { /* the insertion order, below */
+        err = kd_fail(-ENOMEM, "out of memory adding %zu vectors", n);
+        goto out;
+    }
     if (grouped) {
         from = malloc(n * sizeof *from);
-        at = malloc(n * sizeof *at);
         staged.codes = malloc(n * ix->quant.code_size);
         if (ix->quant.refine_size)
             staged.refined = malloc(n * ix->quant.refine_size);
         if (ix->metric->normalized)
             staged.inv_norms = malloc(n * sizeof(float));
         keys = malloc(n * sizeof *keys);
-        if (!from || !at || !keys || !staged.codes || (ix->quant.refine_size && !staged.refined) ||
+        if (!from || !keys || !staged.codes || (ix->quant.refine_size && !staged.refined) ||
             (ix->metric->normalized && !staged.inv_norms)) {
             err = kd_fail(-ENOMEM, "out of memory adding %zu vectors", n);
             goto out;
@@ -685,12 +688,14 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
         place_rows(ix, first, staged, from, n, kd_resolve_threads(threads));
         for (size_t i = 0; i < n; i++)
             at[i] += (uint32_t)first; /* now the insertion order */
-        /* Levels keyed by input position: the graph does not depend on
-         * the layout (the same one as in input order, but for ties). */
+        /* Levels keyed by input position: which nodes stand above level
+         * 0 does not depend on the layout. */
         for (size_t s = 0; s < n; s++)
             keys[s] = first + from[s];
     } else {
         memcpy(ix->vectors + first * ix->p.dim, x, n * ix->p.dim * sizeof(float));
+        for (size_t i = 0; at && i < n; i++)
+            at[i] = (uint32_t)(first + i);
     }
     memset(ix->deleted + first, 0, n);
     struct kd_build_oracle o = {oracle_from, ix, NULL, NULL}, beam;
@@ -706,9 +711,13 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
     }
     if ((err = kd_graph_prepare_keyed(&ix->graph, first, last, ix->p.seed, keys)))
         goto out;
-    /* Insertion keeps the input's order: nodes inserted one centre at a time
-     * would link mostly among themselves (docs/benchmarks.md, "inserting an
-     * add's rows grouped by the centre"). */
+    /* Nodes with upper levels first, in input order: a skeleton over every
+     * region, whose early lists keep long links. Then the level-0 nodes in
+     * slot order, a centre at a time, so consecutive beams search one
+     * region while it is in cache; without the skeleton, nodes inserted so
+     * link mostly among themselves (docs/design.md, "Insertion order"). */
+    if (at)
+        kd_graph_skeleton_first(&ix->graph, first, n, at);
     unsigned workers = kd_resolve_threads(threads);
     err = kd_graph_insert_range(&ix->graph, first, first + cached, at, ix->p.ef_construction, &o,
                                 workers);

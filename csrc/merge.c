@@ -1217,9 +1217,9 @@ static int insert_rest(struct merge *m, uint64_t first, uint64_t total)
         o.beam = &kd_beam_1bit;
         o.beam_ctx = &src;
     }
-    /* In a seeded random order: the inputs' rows lie grouped by centre
-     * (design.md, "Rows in centre order"), and nodes inserted a centre at a
-     * time would link mostly among themselves. */
+    /* The nodes with upper levels in a seeded random order, then the rest
+     * by row, a centre at a time as the inputs' rows lie (design.md,
+     * "Insertion order"). */
     uint32_t *order = err ? NULL : malloc((total - first) * sizeof *order);
     if (!err && !order)
         err = kd_fail(-ENOMEM, "out of memory ordering the merge's insertions");
@@ -1229,6 +1229,8 @@ static int insert_rest(struct merge *m, uint64_t first, uint64_t total)
         order[i] = order[j];
         order[j] = (uint32_t)(first + i);
     }
+    if (!err)
+        kd_graph_skeleton_first(g, first, total - first, order);
     for (uint64_t at = first; !err && at < total; at += GRAPH_STEP) {
         uint64_t last = total - at < GRAPH_STEP ? total : at + GRAPH_STEP;
         err = kd_graph_insert_range(g, at, last, order + (at - first), m->out->p.ef_construction,

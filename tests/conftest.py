@@ -41,8 +41,9 @@ def spectrum(d):
     return (1.0 / np.sqrt(1.0 + np.arange(d) / 8.0)).astype(np.float64)
 
 
-def clustered(n, d, seed, n_clusters=64, noise=0.5):
-    """n clustered float32 vectors of dimension d.
+def clustered(n, d, seed, n_clusters=64, noise=0.5, labels=False):
+    """n clustered float32 vectors of dimension d (and, with labels, each
+    one's cluster).
 
     Cluster centres ~ N(0, I) * spectrum; point = centre + noise * N(0, I) *
     spectrum.  The centres depend on (d, seed, n_clusters) only, so two calls
@@ -53,7 +54,8 @@ def clustered(n, d, seed, n_clusters=64, noise=0.5):
     centres = rng.standard_normal((n_clusters, d)) * s
     which = rng.integers(0, n_clusters, size=n)
     pts = centres[which] + noise * rng.standard_normal((n, d)) * s
-    return np.ascontiguousarray(pts, dtype=np.float32)
+    pts = np.ascontiguousarray(pts, dtype=np.float32)
+    return (pts, which) if labels else pts
 
 
 def split(n, nq, d, seed):
