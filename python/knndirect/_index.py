@@ -252,8 +252,9 @@ class Index:
         Graph degree (level 0 keeps 2*m neighbours).
     ef_construction : int
         Beam width while building: higher builds a better graph, slower
-        (100 takes about two thirds of the time of 200 and costs a few
-        percent of the queries per second at a given recall).
+        (100 takes about two thirds of the time of 200 and costs 1-3% of
+        the queries per second at recall 0.95 on 100k sets, more recall
+        on larger, harder ones).
     quantization : {"1bit", "1bit+4bit", "4bit", "8bit"}
         Code used for the in-RAM graph search: 1-bit codes with corrections
         (smallest); 1-bit codes plus a 4-bit refinement that re-orders the
