@@ -30,7 +30,10 @@ int kd_scratch_reserve(struct kd_search_scratch *s, uint64_t nodes, size_t ef, u
         struct kd_heap_item *r = realloc(s->res, need * sizeof *r);
         if (r)
             s->res = r;
-        if (!c || !r)
+        uint8_t *d = realloc(s->done, need);
+        if (d)
+            s->done = d;
+        if (!c || !r || !d)
             return kd_fail(-ENOMEM, "out of memory for search scratch");
         s->heap_cap = need;
     }
@@ -49,6 +52,7 @@ void kd_scratch_free(struct kd_search_scratch *s)
     free(s->visited.tags);
     free(s->cand);
     free(s->res);
+    free(s->done);
     free(s->pool);
     free(s->rows);
     free(s->dists);
@@ -118,11 +122,14 @@ static int cand_grow(struct kd_search_scratch *s, size_t n)
     size_t cap = s->heap_cap * 2;
     struct kd_heap_item *c = realloc(s->cand, cap * sizeof *c);
     struct kd_heap_item *r = c ? realloc(s->res, cap * sizeof *r) : NULL;
+    uint8_t *d = r ? realloc(s->done, cap) : NULL;
     if (c)
         s->cand = c;
     if (r)
         s->res = r;
-    if (!c || !r)
+    if (d)
+        s->done = d;
+    if (!c || !r || !d)
         return -ENOMEM;
     s->heap_cap = cap;
     return 0;
@@ -273,11 +280,13 @@ static void sort_ascending(struct kd_heap_item *h, struct kd_heap_item *tmp, siz
         memcpy(h, from, n * sizeof *h);
 }
 
-/* Beam search on one level from the entries in s->res[0..nentry). */
-static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s, int level,
-                           size_t ef, size_t nentry, kd_batch_dist_fn dist, void *dctx,
-                           const struct kd_accept *accept, int locked, size_t keep,
-                           kd_prefetch_fn prefetch, struct kd_search_early *early)
+/* Beam search on one level from the entries in s->res[0..nentry), with a
+ * heap of candidates beside the results: a filter may keep a node out of
+ * the results that the beam still walks through. */
+static size_t search_layer_heaps(const struct kd_graph *g, struct kd_search_scratch *s, int level,
+                                 size_t ef, size_t nentry, kd_batch_dist_fn dist, void *dctx,
+                                 const struct kd_accept *accept, int locked, size_t keep,
+                                 kd_prefetch_fn prefetch, struct kd_search_early *early)
 {
     struct kd_visited *v = &s->visited;
     visited_next(v);
@@ -357,6 +366,127 @@ static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s
     sort_ascending(out, keep ? s->pool + keep : s->cand, n);
     s->out = out;
     return n;
+}
+
+#define SORTED_BEAM_MAX 1024 /* ef 2048: 1.05x the heaps' time; 1024: equal */
+
+/* Put it in the ascending r[0..*n) of at most cap (cap >= 1, and it beats
+ * r[cap - 1] when full), unexpanded, after any equal; returns its place. */
+static inline size_t sorted_insert(struct kd_heap_item *r, uint8_t *done, size_t *n, size_t cap,
+                                   struct kd_heap_item it)
+{
+    /* Branch-free halving: which half holds the place is a coin toss. */
+    const struct kd_heap_item *base = r;
+    size_t len = *n;
+    while (len > 1) {
+        size_t half = len / 2;
+        base = base[half].dist <= it.dist ? base + half : base;
+        len -= half;
+    }
+    size_t lo = (size_t)(base - r) + (len == 1 && base->dist <= it.dist);
+    size_t moved = (*n < cap ? *n : cap - 1) - lo;
+    memmove(r + lo + 1, r + lo, moved * sizeof *r);
+    memmove(done + lo + 1, done + lo, moved);
+    r[lo] = it;
+    done[lo] = 0;
+    if (*n < cap)
+        (*n)++;
+    return lo;
+}
+
+/* The beam with every node a possible result: the best ef found so far,
+ * kept ascending in s->res with a mark for each expanded, and the next to
+ * expand the first unmarked. This is the heaps' walk (expand the nearest
+ * candidate while it beats the ef-th result), but a node that falls out of
+ * the results is dropped at once, and the results need no sort. With the
+ * place found without branches, the graph phase of a search took 0.84-0.90
+ * of the heaps' time (100k x 384); each insertion moves up to ef items, so
+ * past SORTED_BEAM_MAX the heaps are the cheaper. */
+static size_t search_layer_sorted(const struct kd_graph *g, struct kd_search_scratch *s, int level,
+                                  size_t ef, size_t nentry, kd_batch_dist_fn dist, void *dctx,
+                                  uint32_t hidden, int locked, size_t keep, kd_prefetch_fn prefetch,
+                                  struct kd_search_early *early)
+{
+    struct kd_visited *v = &s->visited;
+    visited_next(v);
+    uint8_t *tags = v->tags, now = v->now;
+    if (hidden != KD_NONE)
+        tags[hidden] = now; /* never scored, never expanded */
+    if (keep <= ef)
+        keep = 0;
+    struct kd_heap_item *res = s->res, tmp[64];
+    uint8_t *done = s->done;
+    size_t nres = 0, npool = 0, ne = nentry < 64 ? nentry : 64;
+    memcpy(tmp, res, ne * sizeof *tmp); /* the entries arrive where the results go */
+    for (size_t i = 0; i < ne; i++) {
+        tags[tmp[i].row] = now;
+        if (nres < ef || tmp[i].dist < res[nres - 1].dist)
+            sorted_insert(res, done, &nres, ef, tmp[i]);
+        if (keep)
+            keep_best(s->pool, &npool, keep, tmp[i]);
+    }
+    uint32_t *rows = s->rows, *list = s->list;
+    float *dists = s->dists;
+    size_t expanded = 0, next = 0;
+    while (next < nres) {
+        struct kd_heap_item c = res[next];
+        done[next] = 1;
+        while (next < nres && done[next])
+            next++;
+        if (early && expanded++ == early->after)
+            early->fn(early->arg, keep ? s->pool : res, keep ? npool : nres);
+        uint32_t n = read_list(g, c.row, level, list, locked), m = 0;
+        if (next < nres) /* the next list to expand, most likely */
+            prefetch_list(g, res[next].row, level);
+        for (uint32_t i = 0; i < n; i++)
+            __builtin_prefetch(&tags[list[i]]);
+        for (uint32_t i = 0; i < n; i++) { /* as in the heaps' walk: no branch */
+            uint32_t r = list[i];
+            uint8_t seen = tags[r];
+            tags[r] = now;
+            rows[m] = r;
+            m += seen != now;
+        }
+        if (!m)
+            continue;
+        if (prefetch)
+            prefetch(dctx, rows, m);
+        dist(dctx, rows, m, dists);
+        s->scored += m;
+        for (uint32_t i = 0; i < m; i++) {
+            struct kd_heap_item it = {dists[i], rows[i]};
+            if (keep)
+                keep_best(s->pool, &npool, keep, it);
+            if (nres < ef || it.dist < res[nres - 1].dist) {
+                size_t at = sorted_insert(res, done, &nres, ef, it);
+                next = at < next ? at : next;
+                __builtin_prefetch(kd_graph_list(g, it.row, level));
+            }
+        }
+    }
+    if (early)
+        early->expansions = expanded;
+    if (keep) {
+        sort_ascending(s->pool, s->pool + keep, npool);
+        s->out = s->pool;
+        return npool;
+    }
+    s->out = res;
+    return nres;
+}
+
+/* Beam search on one level from the entries in s->res[0..nentry). */
+static size_t search_layer(const struct kd_graph *g, struct kd_search_scratch *s, int level,
+                           size_t ef, size_t nentry, kd_batch_dist_fn dist, void *dctx,
+                           const struct kd_accept *accept, int locked, size_t keep,
+                           kd_prefetch_fn prefetch, struct kd_search_early *early)
+{
+    if (ef <= SORTED_BEAM_MAX && (!accept || (!accept->deleted && !accept->allowed)))
+        return search_layer_sorted(g, s, level, ef, nentry, dist, dctx,
+                                   accept ? accept->hidden : KD_NONE, locked, keep, prefetch,
+                                   early);
+    return search_layer_heaps(g, s, level, ef, nentry, dist, dctx, accept, locked, keep, prefetch,
+                              early);
 }
 
 /* Greedy walk down to `stop`+1, starting from the entry; result in s->res[0]. */

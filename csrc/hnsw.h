@@ -51,6 +51,7 @@ struct kd_visited {
 struct kd_search_scratch {
     struct kd_visited visited;
     struct kd_heap_item *cand, *res;
+    uint8_t *done; /* heap_cap marks: which of res a sorted beam expanded */
     size_t heap_cap;
     struct kd_heap_item *pool; /* best `keep` of all nodes scored, then a spare */
     size_t pool_cap;

@@ -264,6 +264,19 @@ MUTATIONS = [
          tests=["tests/test_insertion_order.py::test_every_row_is_found_from_its_own_vector"],
          est=30, why="one level-0 row in fifty would never be inserted: no in-links, and a search "
                      "could never return it"),
+    dict(name="sorted-beam-never-steps-back", file="csrc/hnsw.c",
+         edits=[("                next = at < next ? at : next;",
+                 "                next = next + 0 * at;")],
+         tests=["tests/test_recall.py::test_recall_default_parameters"],
+         est=60, why="the beam would never expand a node found nearer than the one it is at: "
+                     "a walk that stops early, and recall falls"),
+    dict(name="sorted-beam-misplaces", file="csrc/hnsw.c",
+         edits=[("    size_t lo = (size_t)(base - r) + (len == 1 && base->dist <= it.dist);",
+                 "    size_t lo = (size_t)(base - r);")],
+         tests=["tests/test_recall.py::test_recall_default_parameters",
+                "tests/test_recall.py::test_reranked_distances_are_true_distances"],
+         est=60, why="the beam's results would fall out of order: the wrong ones dropped and the "
+                     "wrong ones expanded"),
     dict(name="insertion-order-no-skeleton", file="csrc/index.c",
          edits=[("    if (at)\n        kd_graph_skeleton_first(&ix->graph, first, n, at);",
                  "    if (at && !grouped)\n        kd_graph_skeleton_first(&ix->graph, first, n, at);")],
