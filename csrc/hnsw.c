@@ -280,6 +280,26 @@ static void sort_ascending(struct kd_heap_item *h, struct kd_heap_item *tmp, siz
         memcpy(h, from, n * sizeof *h);
 }
 
+/* The nodes of list[0..n) not seen yet, copied to rows and marked seen;
+ * returns how many. */
+static inline uint32_t take_unseen(uint8_t *tags, uint8_t now, const uint32_t *list, uint32_t n,
+                                   uint32_t *rows)
+{
+    for (uint32_t i = 0; i < n; i++) /* the tags are scattered: ask for all at once */
+        __builtin_prefetch(&tags[list[i]]);
+    /* Without a branch: whether a neighbour was seen is a coin toss the
+     * predictor loses (an eighth of insertion's own time). */
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t r = list[i];
+        uint8_t seen = tags[r];
+        tags[r] = now;
+        rows[m] = r;
+        m += seen != now;
+    }
+    return m;
+}
+
 /* Beam search on one level from the entries in s->res[0..nentry), with a
  * heap of candidates beside the results: a filter may keep a node out of
  * the results that the beam still walks through. */
@@ -315,20 +335,10 @@ static size_t search_layer_heaps(const struct kd_graph *g, struct kd_search_scra
             break;
         if (early && expanded++ == early->after)
             early->fn(early->arg, keep ? s->pool : s->res, keep ? npool : nres);
-        uint32_t n = read_list(g, c.row, level, s->list, locked), m = 0;
+        uint32_t n = read_list(g, c.row, level, s->list, locked);
         if (ncand) /* the next list to expand, most likely */
             prefetch_list(g, s->cand[0].row, level);
-        for (uint32_t i = 0; i < n; i++) /* the tags are scattered: ask for all at once */
-            __builtin_prefetch(&v->tags[s->list[i]]);
-        /* Without a branch: whether a neighbour was seen is a coin toss
-         * the predictor loses (an eighth of insertion's own time). */
-        for (uint32_t i = 0; i < n; i++) {
-            uint32_t r = s->list[i];
-            uint8_t seen = v->tags[r];
-            v->tags[r] = v->now;
-            s->rows[m] = r;
-            m += seen != v->now;
-        }
+        uint32_t m = take_unseen(v->tags, v->now, s->list, n, s->rows);
         if (!m)
             continue;
         if (prefetch)
@@ -435,18 +445,10 @@ static size_t search_layer_sorted(const struct kd_graph *g, struct kd_search_scr
             next++;
         if (early && expanded++ == early->after)
             early->fn(early->arg, keep ? s->pool : res, keep ? npool : nres);
-        uint32_t n = read_list(g, c.row, level, list, locked), m = 0;
+        uint32_t n = read_list(g, c.row, level, list, locked);
         if (next < nres) /* the next list to expand, most likely */
             prefetch_list(g, res[next].row, level);
-        for (uint32_t i = 0; i < n; i++)
-            __builtin_prefetch(&tags[list[i]]);
-        for (uint32_t i = 0; i < n; i++) { /* as in the heaps' walk: no branch */
-            uint32_t r = list[i];
-            uint8_t seen = tags[r];
-            tags[r] = now;
-            rows[m] = r;
-            m += seen != now;
-        }
+        uint32_t m = take_unseen(tags, now, list, n, rows);
         if (!m)
             continue;
         if (prefetch)
