@@ -409,9 +409,9 @@ static inline size_t sorted_insert(struct kd_heap_item *r, uint8_t *done, size_t
  * expand the first unmarked. This is the heaps' walk (expand the nearest
  * candidate while it beats the ef-th result), but a node that falls out of
  * the results is dropped at once, and the results need no sort. With the
- * place found without branches, the graph phase of a search took 0.84-0.90
- * of the heaps' time (100k x 384); each insertion moves up to ef items, so
- * past SORTED_BEAM_MAX the heaps are the cheaper. */
+ * place found without branches, the graph phase of a search took 0.91-0.95
+ * of the heaps' time (100k x 384, ef 16 to 256); each insertion moves up to
+ * ef items, so past SORTED_BEAM_MAX the heaps are the cheaper. */
 static size_t search_layer_sorted(const struct kd_graph *g, struct kd_search_scratch *s, int level,
                                   size_t ef, size_t nentry, kd_batch_dist_fn dist, void *dctx,
                                   uint32_t hidden, int locked, size_t keep, kd_prefetch_fn prefetch,
