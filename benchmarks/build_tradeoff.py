@@ -86,11 +86,10 @@ def main(argv=None):
     print("| --- | --- | --- | --- | --- | --- |")
     for efc in efcs:
         qa = at[efc]
+        qps = f"{qa:,.0f}" if qa else "-"
         ratio = f"{qa / at[base]:.3f}" if qa and at[base] else "-"
-        print(f"| {efc} | {build[efc]:.1f} | {build[efc] / build[base]:.3f} | "
-              f"{qa:,.0f} | {ratio} | {max(r['recall'] for r in runs[efc]):.4f} |"
-              if qa else f"| {efc} | {build[efc]:.1f} | {build[efc] / build[base]:.3f} | "
-              f"- | - | {max(r['recall'] for r in runs[efc]):.4f} |")
+        print(f"| {efc} | {build[efc]:.1f} | {build[efc] / build[base]:.3f} | {qps} | {ratio} | "
+              f"{max(r['recall'] for r in runs[efc]):.4f} |")
 
 
 if __name__ == "__main__":
