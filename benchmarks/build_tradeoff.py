@@ -10,6 +10,13 @@ Pareto front.
 The figure to read is build time against QPS at 0.95, both relative to the
 first ef_construction given (the default, 200): a lower ef_construction is
 a trade only if the second falls less than the first.
+
+A value written EFC:1bit builds with insertion's beam over the 1-bit codes
+(their best re-scored with the 8-bit build codes), which a build takes only
+once its build codes outgrow the last-level cache; the core's test hook
+(_set_cache_bytes) makes it take it from the first row:
+
+    python benchmarks/build_tradeoff.py minilm-dict --efc 200,200:1bit,150:1bit
 """
 import argparse
 import statistics
@@ -32,6 +39,8 @@ import sys, time
 sys.path.insert(0, sys.argv[1])
 import knndirect as kd, bench_data
 ds = bench_data.resolve(sys.argv[2]); x = bench_data.load_base(ds.to_json())
+if sys.argv[5]:
+    kd._core._set_cache_bytes(1)
 t = time.perf_counter()
 ix = kd.Index(ds.dim, ds.metric, m=16, ef_construction=int(sys.argv[3]), seed=0)
 ix.add(x, threads=2)
@@ -47,7 +56,7 @@ def main(argv=None):
     ap.add_argument("--efc", default="200,100,64", help="ef_construction values, base first")
     ap.add_argument("--passes", type=int, default=3, help="timed passes a point (median)")
     args = ap.parse_args(argv)
-    efcs = [int(v) for v in args.efc.split(",")]
+    efcs = args.efc.split(",")
     ds = bench_data.resolve(args.dataset)
     j = ds.to_json()
     q, truth = bench_data.load_queries(j), np.load(j["gt_path"])
@@ -56,9 +65,12 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         build, ixs = {}, {}
         for efc in efcs:
-            p = f"{tmp}/efc-{efc}.kdx"
-            out = subprocess.run([sys.executable, "-c", BUILD, str(HERE), args.dataset, str(efc),
-                                  p], capture_output=True, text=True, check=True)
+            p = f"{tmp}/efc-{efc.replace(':', '-')}.kdx"
+            value, _, beam = efc.partition(":")
+            if beam not in ("", "1bit"):
+                ap.error(f"--efc {efc}: the beam after ':' can only be 1bit")
+            out = subprocess.run([sys.executable, "-c", BUILD, str(HERE), args.dataset, value, p,
+                                  beam], capture_output=True, text=True, check=True)
             build[efc] = float(out.stdout)
             print(f"ef_construction {efc}: build {build[efc]:.1f} s", flush=True)
             ixs[efc] = kd.load(p)
