@@ -53,10 +53,15 @@ GRID = [(ef, os_) for ef in (24, 32, 48, 64, 96, 128, 192) for os_ in (3, 5, 10)
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dataset")
-    ap.add_argument("--efc", default="200,100,64", help="ef_construction values, base first")
+    ap.add_argument("--efc", default="200,100,64",
+                    help="ef_construction values, base first; EFC:1bit forces the 1-bit beam")
     ap.add_argument("--passes", type=int, default=3, help="timed passes a point (median)")
     args = ap.parse_args(argv)
     efcs = args.efc.split(",")
+    for efc in efcs:
+        value, _, beam = efc.partition(":")
+        if not value.isdigit() or beam not in ("", "1bit"):
+            ap.error(f"--efc {efc}: a number, or a number and ':1bit'")
     ds = bench_data.resolve(args.dataset)
     j = ds.to_json()
     q, truth = bench_data.load_queries(j), np.load(j["gt_path"])
@@ -67,8 +72,6 @@ def main(argv=None):
         for efc in efcs:
             p = f"{tmp}/efc-{efc.replace(':', '-')}.kdx"
             value, _, beam = efc.partition(":")
-            if beam not in ("", "1bit"):
-                ap.error(f"--efc {efc}: the beam after ':' can only be 1bit")
             out = subprocess.run([sys.executable, "-c", BUILD, str(HERE), args.dataset, value, p,
                                   beam], capture_output=True, text=True, check=True)
             build[efc] = float(out.stdout)
