@@ -58,8 +58,8 @@ def main(argv=None):
     ap.add_argument("--passes", type=int, default=3, help="timed passes a point (median)")
     args = ap.parse_args(argv)
     efcs = args.efc.split(",")
-    for efc in efcs:
-        value, _, beam = efc.partition(":")
+    parts = {efc: efc.partition(":")[::2] for efc in efcs}  # (ef_construction, beam)
+    for efc, (value, beam) in parts.items():
         if not value.isdigit() or beam not in ("", "1bit"):
             ap.error(f"--efc {efc}: a number, or a number and ':1bit'")
     ds = bench_data.resolve(args.dataset)
@@ -71,7 +71,7 @@ def main(argv=None):
         build, ixs = {}, {}
         for efc in efcs:
             p = f"{tmp}/efc-{efc.replace(':', '-')}.kdx"
-            value, _, beam = efc.partition(":")
+            value, beam = parts[efc]
             out = subprocess.run([sys.executable, "-c", BUILD, str(HERE), args.dataset, value, p,
                                   beam], capture_output=True, text=True, check=True)
             build[efc] = float(out.stdout)
