@@ -12,11 +12,12 @@ first ef_construction given (the default, 200): a lower ef_construction is
 a trade only if the second falls less than the first.
 
 A value written EFC:1bit builds with insertion's beam over the 1-bit codes
-(their best re-scored with the 8-bit build codes), which a build takes only
-once its build codes outgrow the last-level cache; the core's test hook
-(_set_cache_bytes) makes it take it from the first row:
+(their best re-scored with the 8-bit build codes) from the first row, and
+EFC:8bit with the beam over the build codes throughout, whatever the core's
+rules (the cache, the centres' share of the spread) would choose; the core's
+test hook (_set_beam_rule) forces either:
 
-    python benchmarks/build_tradeoff.py minilm-dict --efc 200,200:1bit,150:1bit
+    python benchmarks/build_tradeoff.py minilm-dict --efc 200:8bit,200,150:1bit
 """
 import argparse
 import statistics
@@ -39,29 +40,37 @@ import sys, time
 sys.path.insert(0, sys.argv[1])
 import knndirect as kd, bench_data
 ds = bench_data.resolve(sys.argv[2]); x = bench_data.load_base(ds.to_json())
-if sys.argv[5]:
-    kd._core._set_cache_bytes(1)
+kd._core._set_beam_rule({"": 0, "1bit": 1, "8bit": -1}[sys.argv[5]])
 t = time.perf_counter()
 ix = kd.Index(ds.dim, ds.metric, m=16, ef_construction=int(sys.argv[3]), seed=0)
 ix.add(x, threads=2)
 print(time.perf_counter() - t)
 ix.save(sys.argv[4])
 """
-GRID = [(ef, os_) for ef in (24, 32, 48, 64, 96, 128, 192) for os_ in (3, 5, 10)]
+EFS, OVERSAMPLES = "24,32,48,64,96,128,192", "3,5,10"
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dataset")
     ap.add_argument("--efc", default="200,100,64",
-                    help="ef_construction values, base first; EFC:1bit forces the 1-bit beam")
+                    help="ef_construction values, base first; EFC:1bit or EFC:8bit forces a beam")
     ap.add_argument("--passes", type=int, default=3, help="timed passes a point (median)")
+    ap.add_argument("--ef", default=EFS, help="the grid's beams")
+    ap.add_argument("--oversample", default=OVERSAMPLES,
+                    help="the grid's shortlists, in multiples of k (1-bit sets of 256 "
+                         "dimensions need 12-20 to reach 0.95)")
     args = ap.parse_args(argv)
+    try:
+        grid = [(int(ef), float(os_)) for ef in args.ef.split(",")
+                for os_ in args.oversample.split(",")]
+    except ValueError:
+        ap.error("--ef and --oversample: comma-separated numbers")
     efcs = args.efc.split(",")
     parts = {efc: efc.partition(":")[::2] for efc in efcs}  # (ef_construction, beam)
     for efc, (value, beam) in parts.items():
-        if not value.isdigit() or beam not in ("", "1bit"):
-            ap.error(f"--efc {efc}: a number, or a number and ':1bit'")
+        if not value.isdigit() or beam not in ("", "1bit", "8bit"):
+            ap.error(f"--efc {efc}: a number, or a number and ':1bit' or ':8bit'")
     ds = bench_data.resolve(args.dataset)
     j = ds.to_json()
     q, truth = bench_data.load_queries(j), np.load(j["gt_path"])
@@ -78,7 +87,7 @@ def main(argv=None):
             print(f"ef_construction {efc}: build {build[efc]:.1f} s", flush=True)
             ixs[efc] = kd.load(p)
         runs = {efc: [] for efc in efcs}
-        for ef, os_ in GRID:
+        for ef, os_ in grid:
             qps = {efc: [] for efc in efcs}
             for r in range(args.passes):
                 for efc in (efcs if r % 2 == 0 else efcs[::-1]):
@@ -97,14 +106,17 @@ def main(argv=None):
     at = {efc: report.qps_at_recall(report.pareto_front(runs[efc])) for efc in efcs}
     print(f"\n{ds.name}: 1-thread QPS at recall@10 0.95 (medians of {args.passes} interleaved "
           f"passes), builds with 2 threads\n")
-    print("| ef_construction | build s | build ÷ base | QPS@0.95 | QPS ÷ base | max recall |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| ef_construction | build s | build ÷ base | QPS@0.95 | QPS ÷ base | max recall "
+          "| recall − base's, same (ef, oversample): median, range |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for efc in efcs:
         qa = at[efc]
         qps = f"{qa:,.0f}" if qa else "-"
         ratio = f"{qa / at[base]:.3f}" if qa and at[base] else "-"
+        diff = [a["recall"] - b["recall"] for a, b in zip(runs[efc], runs[base])]
         print(f"| {efc} | {build[efc]:.1f} | {build[efc] / build[base]:.3f} | {qps} | {ratio} | "
-              f"{max(r['recall'] for r in runs[efc]):.4f} |")
+              f"{max(r['recall'] for r in runs[efc]):.4f} | {statistics.median(diff):+.4f}, "
+              f"{min(diff):+.4f} to {max(diff):+.4f} |")
 
 
 if __name__ == "__main__":

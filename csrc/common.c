@@ -114,6 +114,12 @@ uint64_t kd_llc_bytes(void)
 
 void kd_set_llc_bytes(uint64_t bytes) { __atomic_store_n(&llc_bytes, bytes, __ATOMIC_RELAXED); }
 
+static int beam_rule;
+
+int kd_beam_rule(void) { return __atomic_load_n(&beam_rule, __ATOMIC_RELAXED); }
+
+void kd_set_beam_rule(int rule) { __atomic_store_n(&beam_rule, rule, __ATOMIC_RELAXED); }
+
 void kd_advise_huge(void *p, size_t len)
 {
 #ifdef MADV_HUGEPAGE

@@ -53,6 +53,10 @@ unsigned kd_cpu_count(void);
 uint64_t kd_llc_bytes(void);
 /* Tests: have kd_llc_bytes answer `bytes` (0: ask the system again). */
 void kd_set_llc_bytes(uint64_t bytes);
+/* Tests and benchmarks: which codes insertion's beam reads. 0: the core's
+ * rules decide; 1: the 1-bit search codes; -1: the build codes. */
+int kd_beam_rule(void);
+void kd_set_beam_rule(int rule);
 
 /* Run fn(arg) on `threads` threads, the caller being one of them, and wait
  * for all. The extra threads block signals so Python's main thread gets them. */

@@ -446,7 +446,65 @@ const struct kd_beam_oracle kd_beam_1bit = {beam_open, beam_close, beam_prepare,
  * there rather than at twice the cache is faster. */
 int kd_beam_pays(const struct kd_index *ix, uint64_t build_code_bytes)
 {
+    if (kd_beam_rule())
+        return ix->quant.bits == 1 && kd_beam_rule() > 0;
     return ix->quant.bits == 1 && build_code_bytes * 5 > 6 * kd_llc_bytes();
+}
+
+/* The spread test's sample, and the narrowest rows it is made for (the
+ * widths measured: 384 and 768; at 256 only the clustered sets were, where
+ * the centres explain 0.80 and the build codes' beam is the faster one). */
+#define SPREAD_SAMPLE 4096
+#define SPREAD_MIN_DIM 384
+
+/* Whether the quantizer's centres explain less than half of the spread of
+ * rows [first, last) (1 - sum |x - c(x)|^2 / sum |x - mean|^2 over an even
+ * sample, c(x) the centre x's code names). Rows lie in centre order so that
+ * consecutive insertions search one region while its build codes are in
+ * cache. Where the centres explain little a beam's neighbours lie all over
+ * the code array, and the 1-bit codes, an eighth of the bytes, make the
+ * cheaper beam at any size: real text embeddings explain 0.24-0.27 at 256
+ * centres, where the beam took 0.81-0.85 of the build time; the Gaussian
+ * clusters explain 0.80, where it took 1.03-1.16 below the cache
+ * (docs/benchmarks.md, "The insertion beam over 1-bit codes"). Drawn from
+ * the rows and their codes alone, so a threads=1 build stays reproducible. */
+int kd_beam_spread(const struct kd_beam_source *src, uint64_t first, uint64_t last)
+{
+    const struct kd_index *ix = src->ix;
+    const struct kd_quant *q = &ix->quant;
+    uint32_t d = ix->p.dim;
+    if (kd_beam_rule())
+        return q->bits == 1 && kd_beam_rule() > 0;
+    if (q->bits != 1 || q->ncentres < 2 || d < SPREAD_MIN_DIM || last <= first)
+        return 0;
+    float *scratch = malloc(src->scratch_floats * sizeof(float));
+    double *sum = calloc(d, sizeof(double));
+    int spread = 0;
+    if (!scratch || !sum) /* the build codes' beam needs nothing more */
+        goto out;
+    uint64_t n = last - first, m = n < SPREAD_SAMPLE ? n : SPREAD_SAMPLE;
+    double within = 0.0, sq = 0.0;
+    for (uint64_t i = 0; i < m; i++) {
+        uint64_t a = first + i * n / m;
+        const float *v = src->vector(src->ctx, (uint32_t)a, scratch);
+        const float *c = q->centres +
+                         (size_t)kd_quant_centre_of(q, ix->codes + a * q->code_size) * d;
+        for (uint32_t t = 0; t < d; t++) {
+            double x = v[t], r = x - c[t];
+            within += r * r;
+            sq += x * x;
+            sum[t] += x;
+        }
+    }
+    double mean_sq = 0.0;
+    for (uint32_t t = 0; t < d; t++)
+        mean_sq += sum[t] * sum[t];
+    double total = sq - mean_sq / (double)m;
+    spread = total > 0.0 && 2.0 * within > total;
+out:
+    free(scratch);
+    free(sum);
+    return spread;
 }
 
 /* How many of n insertions after row `first` run before the graph's build
@@ -707,7 +765,7 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
         o = (struct kd_build_oracle){bcode_oracle_from, ix, NULL, &src};
         beam = o;
         beam.beam = &kd_beam_1bit;
-        cached = first_past_cache(ix, first, n);
+        cached = kd_beam_spread(&src, first, last) ? 0 : first_past_cache(ix, first, n);
     }
     if ((err = kd_graph_prepare_keyed(&ix->graph, first, last, ix->p.seed, keys)))
         goto out;

@@ -169,5 +169,9 @@ extern const struct kd_beam_oracle kd_beam_1bit;
 /* Whether insertion's beam should read ix's 1-bit search codes rather than
  * build codes of build_code_bytes in all. */
 int kd_beam_pays(const struct kd_index *ix, uint64_t build_code_bytes);
+/* Whether insertion's beam should read the 1-bit search codes for all of rows
+ * [first, last) of src->ix, whatever the cache: their quantizer's centres
+ * explain too little of the rows' spread for the layout to keep beams local. */
+int kd_beam_spread(const struct kd_beam_source *src, uint64_t first, uint64_t last);
 
 #endif

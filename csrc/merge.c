@@ -21,8 +21,9 @@
  * Graph distances come from the build codes: with 8 bits those insertion
  * uses (buildcode.h), with 4 (or past KD_BCODE_MAX_DIM dimensions) the
  * residual codes below; smaller is closer (squared l2, minus the inner
- * product). Past 1.2 times the cache, insertion's beam reads the 1-bit search
- * codes, each node prepared from its decoded build code.
+ * product). Past 1.2 times the cache, or where the centres explain little
+ * of the rows' spread (kd_beam_spread), insertion's beam reads the 1-bit
+ * search codes, each node prepared from its decoded build code.
  * Memory: the output's graph, codes and ids, the build codes (before them,
  * their fit's sample, no larger), a map from each input row to its output
  * row, and the stream buffers. */
@@ -1213,7 +1214,8 @@ static int insert_rest(struct merge *m, uint64_t first, uint64_t total)
     uint32_t d = m->out->p.dim;
     struct kd_beam_source src = {m->out, decoded_row, m, m->uniform ? d : 2 * (size_t)m->bc.pd};
     struct kd_build_oracle o = m->o;
-    if (kd_beam_pays(m->out, total * kd_merge_row_bytes(m->uniform ? 8 : m->bc.bits, d))) {
+    if (kd_beam_pays(m->out, total * kd_merge_row_bytes(m->uniform ? 8 : m->bc.bits, d)) ||
+        kd_beam_spread(&src, first, total)) {
         o.beam = &kd_beam_1bit;
         o.beam_ctx = &src;
     }

@@ -251,6 +251,14 @@ def cache_bytes():
     kd._core._set_cache_bytes(0)
 
 
+@pytest.fixture
+def beam_rule():
+    """Force insertion's beam (1: 1-bit codes, -1: build codes); the core's
+    rules decide again after."""
+    yield kd._core._set_beam_rule
+    kd._core._set_beam_rule(0)
+
+
 @pytest.fixture(scope="session")
 def features():
     return kd.features()

@@ -138,6 +138,43 @@ def test_beam_build_is_reproducible_at_one_thread(cache_bytes):
     assert build_bytes(x, "cosine") == build_bytes(x, "cosine")
 
 
+def spread_and_clustered(n, dim):
+    """Gaussian rows, which 1-bit centres explain little of, and tight
+    clusters, which they explain most of."""
+    spread = np.random.default_rng(26).standard_normal((n, dim)).astype(np.float32)
+    return spread, kd.datasets.clustered(n, dim, seed=27)
+
+
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_rows_the_centres_do_not_explain_take_the_1bit_beam(metric, beam_rule):
+    """At 384 dimensions and more, rows whose quantizer centres explain less
+    than half their spread are inserted with the beam over 1-bit codes from
+    the first row, below any cache size; clustered rows keep the build
+    codes' beam."""
+    spread, clustered = spread_and_clustered(3000, 384)
+    built = {}
+    for rule in (0, 1, -1):
+        beam_rule(rule)
+        built[rule] = [build_bytes(x, metric) for x in (spread, clustered)]
+    assert built[0][0] == built[1][0] != built[-1][0]
+    assert built[0][1] == built[-1][1] != built[1][1]
+
+
+def test_narrow_rows_keep_the_build_codes_beam(beam_rule):
+    """Below 384 dimensions the spread does not choose the beam (the sets
+    measured there are all clustered): Gaussian rows of 256 dimensions,
+    far under the cache, build over the build codes."""
+    spread, _ = spread_and_clustered(2000, 256)
+    default = build_bytes(spread, "l2")
+    beam_rule(-1)
+    assert default == build_bytes(spread, "l2")
+
+
+def test_beam_rule_hook_checks_its_argument():
+    with pytest.raises(ValueError, match="-1, 0 or 1"):
+        kd._core._set_beam_rule(2)
+
+
 @pytest.mark.parametrize("quantization", ["4bit", "8bit"])
 def test_scalar_codes_never_steer_the_beam(quantization, cache_bytes):
     """Only 1-bit codes are smaller than the build codes: scalar-code indexes

@@ -272,6 +272,25 @@ def test_beam_over_search_codes_past_the_cache(metric, bits_budget, cache_bytes,
     assert got["beam"][1] >= got["build codes"][1] - 0.02, got
 
 
+def test_merge_takes_the_1bit_beam_where_centres_explain_little(beam_rule, tmp_path):
+    """A merge inserts rows that their centres explain little of (Gaussian,
+    384 dimensions) with the 1-bit beam, far below the cache, as a build
+    does; forcing either beam shows which one it took."""
+    x = np.random.default_rng(42).standard_normal((4000, 384)).astype(np.float32)
+    ids = np.arange(4000, dtype=np.int64)
+    a = kd.Index(384, "l2", seed=2)
+    a.add(x[:2500], ids[:2500])
+    b = segment(a, x[2500:], ids[2500:])
+    files = {}
+    for rule in (0, 1, -1):
+        beam_rule(rule)
+        path = tmp_path / f"rule{rule}.kdx"
+        r = _core.merge(str(path), [a._core, b._core], seed=3, threads=1)
+        assert r["rows_inserted"] == 1500
+        files[rule] = _container.read_section(path, "level0")
+    assert files[0] == files[1] != files[-1]
+
+
 def own_quantizers(metric):
     """6,000 vectors in two indexes, each with a quantizer of its own: a
     holds ids 0..3999, e the rest."""

@@ -301,6 +301,21 @@ static PyObject *mod_set_cache_bytes(PyObject *mod, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* Test hook: _set_beam_rule(r): insertion's beam reads the 1-bit search
+ * codes (1), the build codes (-1), or what the core decides (0). */
+static PyObject *mod_set_beam_rule(PyObject *mod, PyObject *args)
+{
+    int rule;
+    if (!PyArg_ParseTuple(args, "i", &rule))
+        return NULL;
+    if (rule < -1 || rule > 1) {
+        PyErr_SetString(PyExc_ValueError, "beam rule must be -1, 0 or 1");
+        return NULL;
+    }
+    kd_set_beam_rule(rule);
+    Py_RETURN_NONE;
+}
+
 static PyObject *mod_read_probe(PyObject *mod, PyObject *args)
 {
     Py_buffer b;
@@ -370,6 +385,9 @@ static PyMethodDef mod_methods[] = {
      "_select_diverse(x, dim, node, candidates, cap): the neighbour-choice rule (tests)."},
     {"_set_cache_bytes", mod_set_cache_bytes, METH_VARARGS,
      "_set_cache_bytes(n): the last-level cache size the build assumes, 0 to detect (tests)."},
+    {"_set_beam_rule", mod_set_beam_rule, METH_VARARGS,
+     "_set_beam_rule(r): insertion's beam over 1-bit codes (1), build codes (-1), or the "
+     "core's choice (0) (tests, benchmarks)."},
     {"_kernel", mod_kernel, METH_VARARGS, "Run one distance kernel variant (tests)."},
     {"_read_probe", mod_read_probe, METH_VARARGS, "Seconds to stream a float32 buffer."},
     {"_inject_fault", (PyCFunction)(void (*)(void))mod_inject_fault, METH_VARARGS | METH_KEYWORDS,
