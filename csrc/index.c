@@ -466,7 +466,8 @@ int kd_beam_pays(const struct kd_index *ix, uint64_t build_code_bytes)
  * cheaper beam at any size: real text embeddings explain 0.24-0.27 at 256
  * centres, where the beam took 0.81-0.85 of the build time; the Gaussian
  * clusters explain 0.80, where it took 1.03-1.16 below the cache
- * (docs/benchmarks.md, "The insertion beam over 1-bit codes"). Drawn from
+ * (docs/benchmarks.md, "The insertion beam where the centres explain
+ * little"). Drawn from
  * the rows and their codes alone, so a threads=1 build stays reproducible. */
 int kd_beam_spread(const struct kd_beam_source *src, uint64_t first, uint64_t last)
 {

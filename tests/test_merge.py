@@ -272,23 +272,30 @@ def test_beam_over_search_codes_past_the_cache(metric, bits_budget, cache_bytes,
     assert got["beam"][1] >= got["build codes"][1] - 0.02, got
 
 
-def test_merge_takes_the_1bit_beam_where_centres_explain_little(beam_rule, tmp_path):
+@pytest.mark.parametrize("rows", ["spread", "clustered"])
+def test_merge_takes_the_1bit_beam_where_centres_explain_little(rows, beam_rule, tmp_path):
     """A merge inserts rows that their centres explain little of (Gaussian,
     384 dimensions) with the 1-bit beam, far below the cache, as a build
-    does; forcing either beam shows which one it took."""
-    x = np.random.default_rng(42).standard_normal((4000, 384)).astype(np.float32)
+    does, and clustered rows with the build codes' beam; forcing either
+    beam shows which one it took."""
+    if rows == "spread":
+        x = np.random.default_rng(42).standard_normal((4000, 384)).astype(np.float32)
+    else:
+        x = kd.datasets.clustered(4000, 384, seed=43)
     ids = np.arange(4000, dtype=np.int64)
+    # 3,000 rows fit 46 centres, enough for the clusters (39, from 2,500, are not)
     a = kd.Index(384, "l2", seed=2)
-    a.add(x[:2500], ids[:2500])
-    b = segment(a, x[2500:], ids[2500:])
+    a.add(x[:3000], ids[:3000])
+    b = segment(a, x[3000:], ids[3000:])
     files = {}
     for rule in (0, 1, -1):
         beam_rule(rule)
         path = tmp_path / f"rule{rule}.kdx"
         r = _core.merge(str(path), [a._core, b._core], seed=3, threads=1)
-        assert r["rows_inserted"] == 1500
+        assert r["rows_inserted"] == 1000
         files[rule] = _container.read_section(path, "level0")
-    assert files[0] == files[1] != files[-1]
+    took = 1 if rows == "spread" else -1
+    assert files[0] == files[took] != files[-took]
 
 
 def own_quantizers(metric):
