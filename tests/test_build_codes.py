@@ -149,7 +149,7 @@ def spread_and_clustered(n, dim):
 def test_rows_the_centres_do_not_explain_take_the_1bit_beam(metric, beam_rule):
     """At 384 dimensions and more, rows whose quantizer centres explain less
     than half their spread are inserted with the beam over 1-bit codes from
-    the first row, below any cache size; clustered rows keep the build
+    the first row, far under the cache; clustered rows keep the build
     codes' beam."""
     spread, clustered = spread_and_clustered(3000, 384)
     built = {}
