@@ -13,27 +13,14 @@ the same graph and the ratio is noise.
 """
 import argparse
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-BUILD = """
-import sys, time
-sys.path.insert(0, sys.argv[1])
-import knndirect as kd, bench_data
-ds = bench_data.resolve(sys.argv[2]); x = bench_data.load_base(ds.to_json())
-kd._core._set_beam_rule(int(sys.argv[3]))
-t = time.perf_counter()
-kd.Index(ds.dim, ds.metric, m=16, ef_construction=200, seed=0).add(x, threads=2)
-print(time.perf_counter() - t)
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from build_tradeoff import timed_build  # noqa: E402
 
-def build(dataset, rule):
-    out = subprocess.run([sys.executable, "-c", BUILD, str(HERE), dataset, str(rule)],
-                         capture_output=True, text=True, check=True)
-    return float(out.stdout.split()[-1])
+BEAMS = {0: "", -1: "8bit"}  # the core's choice; the build codes' beam forced
 
 
 def main(argv=None):
@@ -44,7 +31,7 @@ def main(argv=None):
     times = {0: [], -1: []}
     for r in range(args.rounds):
         for rule in (-1, 0) if r % 2 == 0 else (0, -1):
-            times[rule].append(build(args.dataset, rule))
+            times[rule].append(timed_build(args.dataset, 200, BEAMS[rule]))
     ratios = [a / b for a, b in zip(times[0], times[-1])]
     print(f"{args.dataset}: build s, build codes' beam: "
           f"{', '.join(f'{t:.2f}' for t in times[-1])}; the core's choice: "

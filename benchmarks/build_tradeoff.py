@@ -45,9 +45,19 @@ t = time.perf_counter()
 ix = kd.Index(ds.dim, ds.metric, m=16, ef_construction=int(sys.argv[3]), seed=0)
 ix.add(x, threads=2)
 print(time.perf_counter() - t)
-ix.save(sys.argv[4])
+if sys.argv[4]:
+    ix.save(sys.argv[4])
 """
 EFS, OVERSAMPLES = "24,32,48,64,96,128,192", "3,5,10"
+
+
+def timed_build(dataset, ef_construction, beam="", path=""):
+    """Seconds one build of dataset takes in a fresh process (2 threads, M
+    16, index seed 0); beam "1bit" or "8bit" forces insertion's beam, and
+    the index is saved to path when one is given."""
+    out = subprocess.run([sys.executable, "-c", BUILD, str(HERE), dataset, str(ef_construction),
+                          path, beam], capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
 
 
 def main(argv=None):
@@ -81,9 +91,7 @@ def main(argv=None):
         for efc in efcs:
             p = f"{tmp}/efc-{efc.replace(':', '-')}.kdx"
             value, beam = parts[efc]
-            out = subprocess.run([sys.executable, "-c", BUILD, str(HERE), args.dataset, value, p,
-                                  beam], capture_output=True, text=True, check=True)
-            build[efc] = float(out.stdout)
+            build[efc] = timed_build(args.dataset, value, beam, p)
             print(f"ef_construction {efc}: build {build[efc]:.1f} s", flush=True)
             ixs[efc] = kd.load(p)
         runs = {efc: [] for efc in efcs}

@@ -21,12 +21,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_data  # noqa: E402
 
 
-def share(x, centres, seed=0, sample=40_000):
+def share(x, centres, unit, seed=0, sample=40_000):
     import faiss
 
     rng = np.random.default_rng(seed)
     s = np.ascontiguousarray(x[rng.choice(len(x), min(len(x), sample), replace=False)],
                              dtype=np.float32)
+    if unit:  # the quantizer fits unit rows for cosine
+        s /= np.linalg.norm(s, axis=1, keepdims=True)
     km = faiss.Kmeans(s.shape[1], centres, niter=20, seed=1, verbose=False)
     km.train(s)
     within, _ = km.index.search(s, 1)
@@ -44,10 +46,9 @@ def main(argv=None):
     for name in args.sets:
         ds = bench_data.resolve(name)
         x = bench_data.load_base(ds.to_json())
-        if ds.metric == "cosine":  # the quantizer fits unit rows
-            x = x / np.linalg.norm(x, axis=1, keepdims=True)
         c = kd._core.quantizer_centres(len(x))
-        print(f"| {name} | {len(x):,} | {x.shape[1]} | {c} | {share(x, c):.3f} |", flush=True)
+        print(f"| {name} | {len(x):,} | {x.shape[1]} | {c} | "
+              f"{share(x, c, ds.metric == 'cosine'):.3f} |", flush=True)
 
 
 if __name__ == "__main__":
