@@ -152,23 +152,36 @@ def short_args(description, dim, rounds):
     p.add_argument("--dim", type=int, default=dim)
     p.add_argument("--metric", default="cosine", choices=["cosine", "l2", "ip"])
     p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--dataset", default="",
+                   help="a benchmark set (bench_data.py) instead of clustered rows: its first "
+                        "--n rows and its queries, at its own metric")
     return p
 
 
 @contextlib.contextmanager
 def short_work(args, prefix):
     """A scratch folder holding both builds, and n clustered rows with 1,000
-    queries of the same draw; yields (folder, libs, the two files' paths)
-    and removes the folder afterwards."""
+    queries of the same draw (or --dataset's first n rows and its queries,
+    which set args.dim and args.metric); yields (folder, libs, the two
+    files' paths) and removes the folder afterwards."""
     from knndirect.datasets import clustered
 
     work = tempfile.mkdtemp(prefix=prefix)
     try:
         libs = {"base": build(args.base, work, "base"), "head": build(args.head, work, "head")}
-        allv = clustered(args.n + 1000, args.dim, seed=7)
         files = [os.path.join(work, "x.npy"), os.path.join(work, "q.npy")]
-        np.save(files[0], allv[:args.n])
-        np.save(files[1], np.ascontiguousarray(allv[args.n:]))
+        if args.dataset:
+            import bench_data
+
+            ds = bench_data.resolve(args.dataset)
+            base = np.load(ds.base_path, mmap_mode="r")[:min(args.n, ds.n)]
+            args.n, args.dim, args.metric = len(base), ds.dim, ds.metric
+            np.save(files[0], np.ascontiguousarray(base, dtype=np.float32))
+            np.save(files[1], bench_data.load_queries(ds.to_json()))
+        else:
+            allv = clustered(args.n + 1000, args.dim, seed=7)
+            np.save(files[0], allv[:args.n])
+            np.save(files[1], np.ascontiguousarray(allv[args.n:]))
         yield work, libs, files
     finally:
         shutil.rmtree(work, ignore_errors=True)

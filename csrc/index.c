@@ -71,10 +71,20 @@ void kd_index_stats_add(struct kd_index *ix, const struct kd_stats *s)
 
 int kd_check_finite(const float *x, size_t n, uint32_t dim, const char *what)
 {
-    for (size_t i = 0; i < n; i++)
-        for (uint32_t j = 0; j < dim; j++)
-            if (!isfinite(x[i * dim + j]))
-                return kd_fail(-EDOM, "%s row %zu contains NaN or Inf", what, i);
+    /* A row's exponents are tested whole, without an early exit, so that
+     * the loop vectorizes: isfinite() element by element took 0.1 s of each
+     * 268 MB chunk an add is given. */
+    for (size_t i = 0; i < n; i++) {
+        const float *row = x + i * dim;
+        uint32_t bad = 0;
+        for (uint32_t j = 0; j < dim; j++) {
+            uint32_t bits;
+            memcpy(&bits, row + j, sizeof bits);
+            bad |= (bits & 0x7f800000u) == 0x7f800000u; /* Inf or NaN */
+        }
+        if (bad)
+            return kd_fail(-EDOM, "%s row %zu contains NaN or Inf", what, i);
+    }
     return 0;
 }
 
@@ -228,6 +238,8 @@ static struct encoded index_rows(const struct kd_index *ix, uint64_t first)
                             ix->refined ? ix->refined + first * ix->quant.refine_size : NULL};
 }
 
+#define ENCODE_CLAIM 64 /* rows a worker takes at a time */
+
 struct encode_job {
     struct kd_index *ix;
     struct encoded rows;
@@ -239,27 +251,33 @@ static void *encode_worker(void *arg)
     struct encode_job *j = arg;
     struct kd_index *ix = j->ix;
     struct encoded r = j->rows;
-    uint32_t d = ix->p.dim;
+    uint32_t d = ix->p.dim, near[ENCODE_CLAIM];
     int normalized = ix->metric->normalized;
-    float *work = malloc(ix->quant.pdim * sizeof(float)), *tmp = malloc(d * sizeof(float));
+    float *work = malloc(ix->quant.pdim * sizeof(float));
+    float *tmp = normalized ? malloc(ENCODE_CLAIM * d * sizeof(float)) : NULL;
     /* Without scratch a worker claims no rows: the others encode them all,
      * or, where none could, nothing is encoded (encode_rows says so). */
-    while (work && tmp) {
-        uint64_t i = __atomic_fetch_add(&j->next, 64, __ATOMIC_RELAXED);
+    while (work && (tmp || !normalized)) {
+        uint64_t i = __atomic_fetch_add(&j->next, ENCODE_CLAIM, __ATOMIC_RELAXED);
         if (i >= j->n)
             break;
-        uint64_t end = i + 64 < j->n ? i + 64 : j->n;
-        for (; i < end; i++) {
-            const float *v = r.x + i * d;
-            if (normalized) {
-                r.inv_norms[i] = kd_inv_norm(ix, v);
+        size_t n = i + ENCODE_CLAIM < j->n ? ENCODE_CLAIM : j->n - i;
+        const float *v = r.x + i * d;
+        if (normalized) {
+            for (size_t k = 0; k < n; k++) {
+                r.inv_norms[i + k] = kd_inv_norm(ix, v + k * d);
                 for (uint32_t t = 0; t < d; t++)
-                    tmp[t] = v[t] * r.inv_norms[i];
-                v = tmp;
+                    tmp[k * d + t] = v[k * d + t] * r.inv_norms[i + k];
             }
-            kd_quant_encode(&ix->quant, v, r.codes + i * ix->quant.code_size,
-                            r.refined ? r.refined + i * ix->quant.refine_size : NULL, work);
+            v = tmp;
         }
+        if (ix->quant.bits == 1)
+            kd_quant_nearest(&ix->quant, v, d, n, near);
+        for (size_t k = 0; k < n; k++)
+            kd_quant_encode_near(&ix->quant, v + k * d, near[k],
+                                 r.codes + (i + k) * ix->quant.code_size,
+                                 r.refined ? r.refined + (i + k) * ix->quant.refine_size : NULL,
+                                 work);
     }
     free(work);
     free(tmp);
@@ -329,13 +347,9 @@ int kd_index_same_quantizer(struct kd_index *a, struct kd_index *b)
     return same;
 }
 
-int kd_index_grow(struct kd_index *ix, uint64_t need)
+/* Every per-slot array resized to cap slots (cap > ix->cap). */
+static int grow_to(struct kd_index *ix, uint64_t cap, uint64_t need)
 {
-    if (need <= ix->cap)
-        return 0;
-    uint64_t cap = ix->cap ? ix->cap : 1024;
-    while (cap < need)
-        cap *= 2;
     uint32_t d = ix->p.dim;
     float *v = realloc(ix->vectors, cap * d * sizeof(float));
     if (v)
@@ -377,6 +391,32 @@ int kd_index_grow(struct kd_index *ix, uint64_t need)
         kd_advise_huge(ix->refined, cap * ix->quant.refine_size);
     ix->cap = cap;
     return 0;
+}
+
+int kd_index_grow(struct kd_index *ix, uint64_t need)
+{
+    if (need <= ix->cap)
+        return 0;
+    uint64_t cap = ix->cap ? ix->cap : 1024;
+    while (cap < need)
+        cap *= 2;
+    return grow_to(ix, cap, need);
+}
+
+int kd_index_reserve(struct kd_index *ix, uint64_t more)
+{
+    pthread_rwlock_wrlock(&ix->lock);
+    uint64_t need = ix->count + more;
+    int err = 0;
+    if (ix->src->read_only)
+        err = kd_fail(-EROFS,
+                      "index opened from disk is read-only; use knndirect.load to modify it");
+    else if (need > UINT32_MAX - 1)
+        err = kd_fail(-EOVERFLOW, "an index holds at most %u vectors", UINT32_MAX - 1);
+    else if (ix->trained && need > ix->cap && !(err = kd_idmap_reserve(&ix->idmap, more)))
+        err = grow_to(ix, need, need);
+    pthread_rwlock_unlock(&ix->lock);
+    return err;
 }
 
 static float oracle_pair(void *p, uint32_t a, uint32_t b)

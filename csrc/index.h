@@ -99,6 +99,10 @@ int kd_index_train(struct kd_index *ix, const float *x, size_t n);
 int kd_index_adopt_quantizer(struct kd_index *ix, struct kd_index *from);
 /* 1 when a and b encode every vector identically. */
 int kd_index_same_quantizer(struct kd_index *a, struct kd_index *b);
+/* Room for `more` vectors beyond those held, made at once, so that an add
+ * fed in chunks grows its arrays once, to their size (a trained, writable
+ * index; untrained, nothing is done). */
+int kd_index_reserve(struct kd_index *ix, uint64_t more);
 /* Add n vectors; ids NULL means slot numbers. All or nothing. */
 int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *ids,
                  unsigned threads);

@@ -70,6 +70,13 @@ static void rotate(const struct kd_quant *q, float *x);
 static void derive(struct kd_quant *q)
 {
     uint32_t d = q->dim, C = q->ncentres;
+    for (uint32_t j = 0; j < C; j += KD_PANEL_ROWS) {
+        const float *rows[KD_PANEL_ROWS];
+        uint32_t n = C - j < KD_PANEL_ROWS ? C - j : KD_PANEL_ROWS;
+        for (uint32_t r = 0; r < n; r++)
+            rows[r] = q->centres + (size_t)(j + r) * d;
+        kd_kernels()->panel_pack(rows, n, d, q->centre_panels + (size_t)j * d);
+    }
     for (uint32_t i = 0; i < d; i++) {
         double s = 0;
         for (uint32_t j = 0; j < C; j++)
@@ -91,11 +98,14 @@ static int alloc_centres(struct kd_quant *q, uint32_t C)
     free(q->centres);
     free(q->centres_sq);
     free(q->rot_centres);
+    free(q->centre_panels);
     q->ncentres = C;
     q->centres = calloc((size_t)C * q->dim, sizeof(float));
     q->centres_sq = calloc(C, sizeof(float));
     q->rot_centres = calloc((size_t)C * q->pdim, sizeof(float));
-    if (!q->centres || !q->centres_sq || !q->rot_centres)
+    size_t panels = (C + KD_PANEL_ROWS - 1) / KD_PANEL_ROWS;
+    q->centre_panels = malloc(panels * KD_PANEL_ROWS * q->dim * sizeof(float));
+    if (!q->centres || !q->centres_sq || !q->rot_centres || !q->centre_panels)
         return kd_fail(-ENOMEM, "out of memory for the quantizer");
     return 0;
 }
@@ -172,6 +182,49 @@ static uint32_t nearest_centre(const struct kd_quant *q, const float *x)
     return best;
 }
 
+/* The nearest centre of each of nq <= KD_PANEL_QUERIES rows (row j at x +
+ * j * stride): each pass over a panel of centres serves every row, where a
+ * row at a time streamed all the centres from L2 again (256 x 384 of them:
+ * 393 KB a row, half of an add's encoding). Each inner product is a
+ * panel's, the same bits for any batch, so a row gets one centre whether
+ * it is encoded alone or among others. */
+static void nearest_centres(const struct kd_quant *q, const float *x, size_t stride, size_t nq,
+                            uint32_t *best)
+{
+    const struct kd_kernels *k = kd_kernels();
+    if (!k->fused_panels) { /* fmaf is a library call here */
+        for (size_t j = 0; j < nq; j++)
+            best[j] = nearest_centre(q, x + j * stride);
+        return;
+    }
+    float dots[KD_PANEL_QUERIES * KD_PANEL_ROWS], bd[KD_PANEL_QUERIES];
+    for (size_t j = 0; j < nq; j++) {
+        bd[j] = INFINITY;
+        best[j] = 0;
+    }
+    uint32_t d = q->dim, C = q->ncentres;
+    for (uint32_t c = 0; c < C; c += KD_PANEL_ROWS) {
+        k->panel_dot(x, stride, nq, q->centre_panels + (size_t)c * d, d, dots);
+        uint32_t in = C - c < KD_PANEL_ROWS ? C - c : KD_PANEL_ROWS;
+        for (size_t j = 0; j < nq; j++)
+            for (uint32_t r = 0; r < in; r++) {
+                float dist = q->centres_sq[c + r] - 2 * dots[j * KD_PANEL_ROWS + r];
+                if (dist < bd[j]) {
+                    bd[j] = dist;
+                    best[j] = c + r;
+                }
+            }
+    }
+}
+
+void kd_quant_nearest(const struct kd_quant *q, const float *x, size_t stride, size_t n,
+                      uint32_t *best)
+{
+    for (size_t i = 0; i < n; i += KD_PANEL_QUERIES)
+        nearest_centres(q, x + i * stride, stride,
+                        n - i < KD_PANEL_QUERIES ? n - i : KD_PANEL_QUERIES, best + i);
+}
+
 /* Assignment step of k-means, split over threads. */
 struct assign_job {
     const struct kd_quant *q;
@@ -186,8 +239,8 @@ static void *assign_worker(void *arg)
     struct assign_job *a = arg;
     unsigned me = __atomic_fetch_add(&a->next, 1, __ATOMIC_RELAXED);
     size_t lo = a->n * me / a->threads, hi = a->n * (me + 1) / a->threads;
-    for (size_t i = lo; i < hi; i++)
-        a->label[i] = nearest_centre(a->q, a->x + i * a->step * a->q->dim);
+    kd_quant_nearest(a->q, a->x + lo * a->step * a->q->dim, a->step * a->q->dim, hi - lo,
+                     a->label + lo);
     return NULL;
 }
 
@@ -300,6 +353,7 @@ void kd_quant_free(struct kd_quant *q)
     free(q->centres_sq);
     free(q->mean);
     free(q->rot_centres);
+    free(q->centre_panels);
     free(q->signs);
     free(q->sq_lo);
     free(q->sq_step);
@@ -375,12 +429,20 @@ static void encode_refinement(const struct kd_quant *q, const float *r, const fl
 void kd_quant_encode(const struct kd_quant *q, const float *x, uint8_t *code, uint8_t *refined,
                      float *work)
 {
+    uint32_t j = 0;
+    if (q->bits == 1)
+        nearest_centres(q, x, q->dim, 1, &j);
+    kd_quant_encode_near(q, x, j, code, refined, work);
+}
+
+void kd_quant_encode_near(const struct kd_quant *q, const float *x, uint32_t j, uint8_t *code,
+                          uint8_t *refined, float *work)
+{
     if (q->bits != 1) {
         encode_scalar(q, x, code);
         return;
     }
     struct kd_code_tail t;
-    uint32_t j = nearest_centre(q, x);
     const float *c = q->centres + (size_t)j * q->dim;
     float dc = 0, nn = 0;
     for (uint32_t i = 0; i < q->dim; i++) {
@@ -397,16 +459,18 @@ void kd_quant_encode(const struct kd_quant *q, const float *x, uint8_t *code, ui
     uint32_t ones = 0;
     for (uint32_t w = 0; w < q->pdim / 64; w++) {
         uint64_t word = 0;
+        /* Without a branch: a coordinate's sign is a coin toss the
+         * predictor loses, and rc's sign flip is exact, so the sums match. */
         for (uint32_t b = 0; b < 64; b++) {
-            uint32_t i = w * 64 + b;
+            uint32_t i = w * 64 + b, pos = work[i] > 0, r;
             abs_sum += fabsf(work[i]);
-            if (work[i] > 0) {
-                word |= 1ull << b;
-                ones++;
-                shift += rc[i];
-            } else {
-                shift -= rc[i];
-            }
+            word |= (uint64_t)pos << b;
+            ones += pos;
+            memcpy(&r, rc + i, sizeof r);
+            r ^= (pos ^ 1u) << 31;
+            float signed_rc;
+            memcpy(&signed_rc, &r, sizeof r);
+            shift += signed_rc;
         }
         memcpy(code + w * 8, &word, 8);
     }

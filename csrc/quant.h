@@ -77,12 +77,13 @@ struct kd_quant {
     uint32_t code_size;   /* pdim/8 + sizeof(struct kd_code_tail) */
     int metric;
     uint32_t ncentres;
-    float *centres;     /* ncentres x dim */
-    float *centres_sq;  /* |c|^2 */
-    float *mean;        /* g: mean of the centres, dim */
-    float *rot_centres; /* P(c-g), ncentres x pdim */
-    uint8_t *signs;     /* KD_ROT_ROUNDS * 2 * pdim bytes, each 0 or 1 */
-    float *sq_lo;       /* scalar codes: value = lo + step * level, dim each */
+    float *centres;       /* ncentres x dim */
+    float *centres_sq;    /* |c|^2 */
+    float *mean;          /* g: mean of the centres, dim */
+    float *rot_centres;   /* P(c-g), ncentres x pdim */
+    float *centre_panels; /* the centres as distance.h's panels, for the nearest */
+    uint8_t *signs;       /* KD_ROT_ROUNDS * 2 * pdim bytes, each 0 or 1 */
+    float *sq_lo;         /* scalar codes: value = lo + step * level, dim each */
     float *sq_step;
 };
 
@@ -142,6 +143,14 @@ uint32_t kd_quant_centre_of(const struct kd_quant *q, const uint8_t *code);
  * when q has one; work holds pdim floats. */
 void kd_quant_encode(const struct kd_quant *q, const float *x, uint8_t *code, uint8_t *refined,
                      float *work);
+/* The same, given x's nearest centre j (kd_quant_nearest's; ignored by
+ * scalar codes). */
+void kd_quant_encode_near(const struct kd_quant *q, const float *x, uint32_t j, uint8_t *code,
+                          uint8_t *refined, float *work);
+/* The nearest centre of each of n rows (row i at x + i * stride floats),
+ * scored in blocks: what kd_quant_encode finds for each alone. */
+void kd_quant_nearest(const struct kd_quant *q, const float *x, size_t stride, size_t n,
+                      uint32_t *best);
 
 int kd_qcode_alloc(struct kd_qcode *qc, const struct kd_quant *q);
 void kd_qcode_free(struct kd_qcode *qc);

@@ -341,6 +341,56 @@ def test_chunked_add_is_all_or_nothing():
     assert len(index) == 10 + len(base)
 
 
+def test_core_finite_check_names_the_row(idx):
+    """The core checks what it is given itself (callers other than
+    Index.add skip the Python check): a NaN or an infinity anywhere in a
+    row, first or last element included, names that row and adds nothing;
+    the largest finite floats, subnormals and negative zero pass."""
+    index, base = idx
+    v = clustered(40, D_, seed=4)
+    for row, col, bad in ((0, 0, np.nan), (17, D_ - 1, np.inf), (39, 5, -np.inf),
+                          (8, D_ - 1, np.float32("nan") * -1)):
+        x = v.copy()
+        x[row, col] = bad
+        with pytest.raises(ValueError, match=f"vector row {row} contains NaN or Inf"):
+            index._core.add(x, np.arange(9000, 9040), 1)
+        _unchanged(index, base)
+    ok = v.copy()
+    ok[0, :3] = (np.finfo(np.float32).max, -np.finfo(np.float32).max, -0.0)
+    ok[1, :2] = (np.finfo(np.float32).smallest_subnormal, -1e-44)
+    index._core.add(ok, np.arange(9000, 9040), 1)
+    assert len(index) == len(base) + 40
+
+
+def test_add_in_chunks_reserves_once(idx, tmp_path):
+    """An add of more than a chunk first makes room for all of it. Stopped
+    after its first chunk, it holds that chunk, and the room left over takes
+    later adds: every row answers (exact ids against brute force). A
+    read-only index refuses the room."""
+    index, base = idx
+    more = clustered(3000, D_, seed=21)
+    index.add(more, ids=np.arange(5000, 8000), progress=lambda d, t: False)
+    assert len(index) == len(base) + 1000
+    index.add(more[1000:], ids=np.arange(6000, 8000), progress=lambda d, t: True)
+    allv = np.vstack([base, more])
+    ids = np.concatenate([np.arange(len(base)), np.arange(5000, 8000)])
+    q = clustered(20, D_, seed=22)
+    _, got = index.search(q, 5, exact=True)
+    truth = ids[np.argsort(((q[:, None, :] - allv[None]) ** 2).sum(-1), axis=1)[:, :5]]
+    np.testing.assert_array_equal(got, truth)
+    index._core.reserve(0)
+    with pytest.raises(OverflowError):
+        index._core.reserve(-1)
+    p = tmp_path / "ro.kdx"
+    index.save(p)
+    o = open_quiet(p)
+    try:
+        with pytest.raises(ValueError, match="read-only"):
+            o._core.reserve(10)
+    finally:
+        o.close()
+
+
 def test_memory_mapped_input_added_in_chunks(tmp_path):
     import knndirect._index as ki
     x = np.random.default_rng(8).standard_normal((ki.ADD_CHUNK + 500, 8)).astype(np.float64)

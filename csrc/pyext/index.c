@@ -210,6 +210,20 @@ static PyObject *Index_add(KdIndexObject *self, PyObject *args)
     return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
 }
 
+static PyObject *Index_reserve(KdIndexObject *self, PyObject *arg)
+{
+    unsigned long long more = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    struct kd_index *ix = kd_py_enter(self);
+    if (!ix)
+        return NULL;
+    int err;
+    Py_BEGIN_ALLOW_THREADS err = kd_index_reserve(ix, more);
+    Py_END_ALLOW_THREADS kd_py_leave(self);
+    return err ? kd_raise(err) : (Py_INCREF(Py_None), Py_None);
+}
+
 static PyObject *Index_remove(KdIndexObject *self, PyObject *arg)
 {
     struct kd_index *ix = kd_py_enter(self);
@@ -773,6 +787,7 @@ static PyObject *Index_set_calibration(KdIndexObject *self, PyObject *arg)
 static PyMethodDef Index_methods[] = {
     {"train", (PyCFunction)Index_train, METH_O, "Fit the quantizer's centre to a sample."},
     {"add", (PyCFunction)Index_add, METH_VARARGS, "add(x, ids, threads=0)"},
+    {"reserve", (PyCFunction)Index_reserve, METH_O, "reserve(n): room for n more vectors"},
     {"remove", (PyCFunction)Index_remove, METH_O, "remove(ids)"},
     {"contains", (PyCFunction)Index_contains, METH_O, "contains(ids) -> bool array"},
     {"search", (PyCFunction)(void (*)(void))Index_search, METH_VARARGS | METH_KEYWORDS,

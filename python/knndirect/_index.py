@@ -572,6 +572,10 @@ class Index:
         if len(self._core) == 0 and self._core.info()["slots"] == 0:
             sample = np.unique(np.linspace(0, n - 1, min(n, TRAIN_SAMPLE)).astype(np.int64))
             self._core.train(_float32(x[sample]))
+        if n > chunk:
+            # The arrays grow once, to their size: doubling chunk by chunk
+            # moved them twice in a 544k x 384 add (0.9 s of 44).
+            self._core.reserve(n)
         # Calibration queries (held) go in last, after the table is measured
         # on them: vectors of this very data that the graph has not seen.
         keep = None

@@ -148,6 +148,70 @@ out_free:
     free(query);
 }
 
+/* kd_quant_nearest over a batch finds for every row the centre that
+ * kd_quant_encode finds for it alone (the same bits whatever the block), and
+ * the nearest by a double-precision scan wherever that one is nearer by a
+ * margin rounding cannot cross; encoding with the centre given writes the
+ * same code. 40 centres: a full panel of 32 and a partial one. */
+static void nearest_case(uint32_t dim, int metric)
+{
+    const size_t n = 40 * 64 + 5, stride = dim + 3; /* rows not packed */
+    struct kd_quant q;
+    float *x = malloc(n * stride * sizeof(float)), *work = NULL;
+    for (size_t i = 0; i < n * stride; i++)
+        x[i] = uniform() + (float)(i / stride % 5);
+    int err = kd_quant_init(&q, 1, 0, dim, metric, 1, NULL, NULL, 3);
+    CHECK(!err, "init dim %u: %d", dim, err);
+    if (err)
+        goto out_free;
+    float *packed = malloc(n * dim * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        memcpy(packed + i * dim, x + i * stride, dim * sizeof(float));
+    CHECK(!(err = kd_quant_train(&q, packed, n, 3, 2)), "train dim %u: %d", dim, err);
+    CHECK(q.ncentres == 40, "dim %u: %u centres", dim, q.ncentres);
+    uint32_t *near = malloc(n * sizeof(uint32_t));
+    uint8_t *code = malloc(q.code_size), *again = malloc(q.code_size);
+    work = malloc(q.pdim * sizeof(float));
+    kd_quant_nearest(&q, x, stride, n, near);
+    int same = 1, exact = 1, codes = 1;
+    for (size_t i = 0; i < n; i++) {
+        const float *v = x + i * stride;
+        kd_quant_encode(&q, v, code, NULL, work);
+        same &= kd_quant_centre_of(&q, code) == near[i];
+        kd_quant_encode_near(&q, v, near[i], again, NULL, work);
+        codes &= memcmp(code, again, q.code_size) == 0;
+        double best = INFINITY, second = INFINITY;
+        uint32_t arg = 0;
+        for (uint32_t j = 0; j < q.ncentres; j++) {
+            double s = 0;
+            for (uint32_t t = 0; t < dim; t++) {
+                double e = (double)v[t] - q.centres[(size_t)j * dim + t];
+                s += e * e;
+            }
+            if (s < best) {
+                second = best;
+                best = s;
+                arg = j;
+            } else if (s < second) {
+                second = s;
+            }
+        }
+        if (second - best > 1e-3 * (best + 1))
+            exact &= arg == near[i];
+    }
+    CHECK(same, "dim %u: a batch's nearest centres differ from a row's alone", dim);
+    CHECK(exact, "dim %u: a nearest centre is not the nearest", dim);
+    CHECK(codes, "dim %u: encoding with the centre given differs", dim);
+    free(near);
+    free(code);
+    free(again);
+    free(packed);
+    kd_quant_free(&q);
+out_free:
+    free(work);
+    free(x);
+}
+
 /* Agreement of a float sum with its reference, given the sum of the
  * magnitudes of its terms: only the order of the additions may differ. */
 static int close_sum(float got, float ref, double magnitude)
@@ -234,6 +298,8 @@ int main(void)
             one_case(dims[i], KD_IP, refine);
         }
     }
+    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
+        nearest_case(dims[i], i % 2 ? KD_IP : KD_L2);
     /* The timed pick: a variant this CPU has, the same on every call for a
      * width, and shared by the dimensions that pad to one width. */
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) {
