@@ -941,6 +941,77 @@ AVX512_POPCNT static void estimate_pairs_avx512(const struct kd_quant *q, const 
     }
 }
 
+/* Lane r of the result: the sum of a[r]'s eight lanes. Eight rows' sums at
+ * once, in three rounds of pairing, where a row at a time took a reduction
+ * of its own. */
+AVX512_POPCNT static inline __m512i sum_lanes8(const __m512i a[8])
+{
+    __m512i t[4];
+    for (int k = 0; k < 4; k++) /* 128-bit lane j: (a[2k]'s, a[2k+1]'s) pair j */
+        t[k] = _mm512_add_epi64(_mm512_unpacklo_epi64(a[2 * k], a[2 * k + 1]),
+                                _mm512_unpackhi_epi64(a[2 * k], a[2 * k + 1]));
+    const int even = _MM_SHUFFLE(2, 0, 2, 0), odd = _MM_SHUFFLE(3, 1, 3, 1);
+    __m512i v01 = _mm512_add_epi64(_mm512_shuffle_i64x2(t[0], t[1], even),
+                                   _mm512_shuffle_i64x2(t[0], t[1], odd));
+    __m512i v23 = _mm512_add_epi64(_mm512_shuffle_i64x2(t[2], t[3], even),
+                                   _mm512_shuffle_i64x2(t[2], t[3], odd));
+    return _mm512_add_epi64(_mm512_shuffle_i64x2(v01, v23, even),
+                            _mm512_shuffle_i64x2(v01, v23, odd));
+}
+
+/* finish() for rows[0..8), their weighted counts in sums' lanes: the same
+ * operations in the same order, eight lanes at a time (no fused
+ * multiply-adds), so the same bits. The tails are gathered from the lines
+ * the counts just read. */
+AVX512_POPCNT static inline void finish8(const struct kd_quant *q, const struct kd_qcode *qc,
+                                         const uint8_t *codes, const uint32_t *rows, __m512i sums,
+                                         float *out)
+{
+    __m512i at = _mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm256_loadu_si256((const void *)rows)),
+                                  _mm512_set1_epi64(q->code_size));
+    const uint8_t *tail = codes + q->pdim / 8;
+    _Static_assert(offsetof(struct kd_code_tail, scale) == 0 &&
+                       offsetof(struct kd_code_tail, corr) == 4 &&
+                       offsetof(struct kd_code_tail, shift) == 8 &&
+                       offsetof(struct kd_code_tail, centre) == 14,
+                   "finish8 gathers the tail's fields at these offsets");
+    __m256 scale = _mm512_i64gather_ps(at, tail, 1);
+    __m256 corr = _mm512_i64gather_ps(at, tail + 4, 1);
+    __m256 shift = _mm512_i64gather_ps(at, tail + 8, 1);
+    __m256i ones_centre = _mm512_i64gather_epi32(at, tail + 12, 1);
+    __m256i centre = _mm256_srli_epi32(ones_centre, 16);
+    __m256 ones = _mm256_cvtepi32_ps(_mm256_and_si256(ones_centre, _mm256_set1_epi32(0xffff)));
+    __m256 s = _mm256_cvtepi32_ps(_mm512_cvtepi64_epi32(sums)); /* counts < 2^24: exact */
+    __m256i gen = _mm256_i32gather_epi32((const int *)qc->centre_gen, centre, 4);
+    unsigned stale = ~(unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(
+                         _mm256_cmpeq_epi32(gen, _mm256_set1_epi32((int)qc->gen)))) &
+                     0xffu;
+    if (__builtin_expect(stale != 0, 0)) {
+        uint32_t c[8];
+        _mm256_storeu_si256((void *)c, centre);
+        for (; stale; stale &= stale - 1) {
+            uint32_t j = c[__builtin_ctz(stale)];
+            if (qc->centre_gen[j] != qc->gen) /* a centre twice in the eight */
+                centre_terms(q, qc, j);
+        }
+    }
+    __m256 two = _mm256_set1_ps(2.0f);
+    __m256 s1 = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(qc->lo), ones),
+                              _mm256_mul_ps(_mm256_set1_ps(qc->delta), s));
+    __m256 ip = _mm256_mul_ps(scale, _mm256_sub_ps(_mm256_sub_ps(_mm256_mul_ps(two, s1),
+                                                                 _mm256_set1_ps(qc->sum_q)),
+                                                   shift));
+    __m256 d;
+    if (q->metric == KD_L2)
+        d = _mm256_sub_ps(_mm256_add_ps(corr, _mm256_i32gather_ps(qc->norm_sq, centre, 4)),
+                          _mm256_mul_ps(two, ip));
+    else
+        d = _mm256_xor_ps(_mm256_add_ps(_mm256_add_ps(ip, corr),
+                                        _mm256_i32gather_ps(qc->dot_c, centre, 4)),
+                          _mm256_set1_ps(-0.0f));
+    _mm256_storeu_ps(out, d);
+}
+
 AVX512_POPCNT static void estimate_avx512(const struct kd_quant *q, const struct kd_qcode *qc,
                                           const uint8_t *codes, const uint32_t *rows, size_t n,
                                           float *out)
@@ -958,7 +1029,19 @@ AVX512_POPCNT static void estimate_avx512(const struct kd_quant *q, const struct
             plane[0][b] = _mm512_maskz_loadu_epi64(m0, qc->planes + (size_t)b * words);
             plane[1][b] = _mm512_maskz_loadu_epi64(m1, qc->planes + (size_t)b * words + 8);
         }
-        for (size_t i = 0; i < n; i++) {
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m512i acc[8];
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *code = codes + (size_t)rows[i + r] * q->code_size;
+                acc[r] = weighted_count(_mm512_maskz_loadu_epi64(m0, code), plane[0]);
+                if (m1)
+                    acc[r] = _mm512_add_epi64(
+                        acc[r], weighted_count(_mm512_maskz_loadu_epi64(m1, code + 64), plane[1]));
+            }
+            finish8(q, qc, codes, rows + i, sum_lanes8(acc), out + i);
+        }
+        for (; i < n; i++) {
             const uint8_t *code = codes + (size_t)rows[i] * q->code_size;
             __m512i acc = weighted_count(_mm512_maskz_loadu_epi64(m0, code), plane[0]);
             if (m1)
