@@ -919,15 +919,25 @@ static void *insert_worker(void *arg)
     if (!err &&
         (!buf || !rows || !dists || (beam && (!bs.state || !bs.items || !bs.rows || !bs.dists))))
         err = kd_fail(-ENOMEM, "out of memory while building the graph");
+    /* With a beam oracle that makes its terms ahead, nodes are claimed a
+     * block at a time (in order, so threads=1 builds stay reproducible). */
+    uint64_t claim = beam && c->o->beam->ahead ? KD_BEAM_AHEAD : 1;
+    uint32_t block[KD_BEAM_AHEAD];
     while (!err && !__atomic_load_n(&c->err, __ATOMIC_RELAXED)) {
-        uint64_t i = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED);
+        uint64_t i = __atomic_fetch_add(&c->next, claim, __ATOMIC_RELAXED);
         if (i >= c->last)
             break;
-        if (c->nodes)
-            err = reconnect_one(g, c->o, c->nodes[i], c->ef, &s, buf, rows, dists);
-        else
-            err = insert_one(g, c->o, c->order ? c->order[i - c->first] : (uint32_t)i, c->ef, &s,
-                             buf, rows, dists, beam);
+        uint64_t end = c->last - i < claim ? c->last : i + claim;
+        for (uint64_t j = i; j < end; j++)
+            block[j - i] = c->order ? c->order[j - c->first] : (uint32_t)j;
+        if (claim > 1)
+            c->o->beam->ahead(bs.state, block, (size_t)(end - i));
+        for (uint64_t j = i; j < end && !err; j++) {
+            if (c->nodes)
+                err = reconnect_one(g, c->o, c->nodes[j], c->ef, &s, buf, rows, dists);
+            else
+                err = insert_one(g, c->o, block[j - i], c->ef, &s, buf, rows, dists, beam);
+        }
     }
     if (err)
         __atomic_store_n(&c->err, err, __ATOMIC_RELAXED);

@@ -124,9 +124,14 @@ struct kd_build_oracle {
  * `from` before neighbours are chosen: smaller codes keep the beam's reads
  * in cache where the build codes no longer fit. State is per thread: open
  * returns it (NULL when out of memory) and prepare points it at node a. */
+#define KD_BEAM_AHEAD 12 /* nodes a worker claims at a time, told to ahead */
+
 struct kd_beam_oracle {
     void *(*open)(void *ctx);
     void (*close)(void *state);
+    /* The next up to KD_BEAM_AHEAD nodes the state will be prepared for,
+     * so that it can make their terms together; NULL: none to make. */
+    void (*ahead)(void *state, const uint32_t *nodes, size_t n);
     void (*prepare)(void *state, uint32_t a);
     kd_batch_dist_fn dist;
     kd_prefetch_fn prefetch;

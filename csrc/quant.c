@@ -153,67 +153,53 @@ int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t refine, uint32_t d
 
 static void train_ranges(struct kd_quant *q, const float *x, size_t n);
 
-/* argmin |x - c|^2 = argmin |c|^2 - 2<x, c>, four centres per pass over x. */
-static uint32_t nearest_centre(const struct kd_quant *q, const float *x)
+/* Each pass over a panel of 32 centres serves twelve rows, where a row at a
+ * time streamed all the centres from L2 again (256 x 384 of them: 393 KB a
+ * row, half of an add's encoding). A panel's inner product adds its terms
+ * in one order whatever the block, so a row's are the same alone or among
+ * others. Without hardware FMAs (fmaf a library call) a pair at a time. */
+void kd_quant_centre_dots(const struct kd_quant *q, const float *x, size_t stride, size_t n,
+                          float *out)
 {
     const struct kd_kernels *k = kd_kernels();
-    uint32_t best = 0, C = q->ncentres, j = 0;
-    float bd = INFINITY, r[4], xx;
-    for (; j + 4 <= C; j += 4) {
-        const float *c[4];
-        for (int t = 0; t < 4; t++)
-            c[t] = q->centres + (size_t)(j + t) * q->dim;
-        k->dot4(c, x, q->dim, r, &xx);
-        for (uint32_t t = 0; t < 4; t++) {
-            float dist = q->centres_sq[j + t] - 2 * r[t];
-            if (dist < bd) {
-                bd = dist;
-                best = j + t;
-            }
+    uint32_t d = q->dim, C = q->ncentres;
+    if (!k->fused_panels) {
+        for (size_t i = 0; i < n; i++)
+            for (uint32_t j = 0; j < C; j++)
+                out[i * C + j] = k->dot(x + i * stride, q->centres + (size_t)j * d, d);
+        return;
+    }
+    float dots[KD_PANEL_QUERIES * KD_PANEL_ROWS];
+    for (size_t i0 = 0; i0 < n; i0 += KD_PANEL_QUERIES) {
+        size_t nq = n - i0 < KD_PANEL_QUERIES ? n - i0 : KD_PANEL_QUERIES;
+        for (uint32_t c = 0; c < C; c += KD_PANEL_ROWS) {
+            k->panel_dot(x + i0 * stride, stride, nq, q->centre_panels + (size_t)c * d, d, dots);
+            uint32_t in = C - c < KD_PANEL_ROWS ? C - c : KD_PANEL_ROWS;
+            for (size_t i = 0; i < nq; i++)
+                memcpy(out + (i0 + i) * C + c, dots + i * KD_PANEL_ROWS, in * sizeof(float));
         }
     }
-    for (; j < C; j++) {
-        float dist = q->centres_sq[j] - 2 * k->dot(x, q->centres + (size_t)j * q->dim, q->dim);
-        if (dist < bd) {
-            bd = dist;
-            best = j;
-        }
-    }
-    return best;
 }
 
 /* The nearest centre of each of nq <= KD_PANEL_QUERIES rows (row j at x +
- * j * stride): each pass over a panel of centres serves every row, where a
- * row at a time streamed all the centres from L2 again (256 x 384 of them:
- * 393 KB a row, half of an add's encoding). Each inner product is a
- * panel's, the same bits for any batch, so a row gets one centre whether
- * it is encoded alone or among others. */
+ * j * stride), argmin |c|^2 - 2<x, c>: the same whether a row is encoded
+ * alone or among others. */
 static void nearest_centres(const struct kd_quant *q, const float *x, size_t stride, size_t nq,
                             uint32_t *best)
 {
-    const struct kd_kernels *k = kd_kernels();
-    if (!k->fused_panels) { /* fmaf is a library call here */
-        for (size_t j = 0; j < nq; j++)
-            best[j] = nearest_centre(q, x + j * stride);
-        return;
-    }
-    float dots[KD_PANEL_QUERIES * KD_PANEL_ROWS], bd[KD_PANEL_QUERIES];
+    float dots[KD_PANEL_QUERIES * KD_MAX_CENTRES];
+    uint32_t C = q->ncentres;
+    kd_quant_centre_dots(q, x, stride, nq, dots);
     for (size_t j = 0; j < nq; j++) {
-        bd[j] = INFINITY;
+        float bd = INFINITY;
         best[j] = 0;
-    }
-    uint32_t d = q->dim, C = q->ncentres;
-    for (uint32_t c = 0; c < C; c += KD_PANEL_ROWS) {
-        k->panel_dot(x, stride, nq, q->centre_panels + (size_t)c * d, d, dots);
-        uint32_t in = C - c < KD_PANEL_ROWS ? C - c : KD_PANEL_ROWS;
-        for (size_t j = 0; j < nq; j++)
-            for (uint32_t r = 0; r < in; r++) {
-                float dist = q->centres_sq[c + r] - 2 * dots[j * KD_PANEL_ROWS + r];
-                if (dist < bd[j]) {
-                    bd[j] = dist;
-                    best[j] = c + r;
-                }
+        for (uint32_t c = 0; c < C; c++) {
+            float dist = q->centres_sq[c] - 2 * dots[j * C + c]; /* |x - c|^2 - |x|^2 */
+            if (dist < bd) {
+                bd = dist;
+                best[j] = c;
             }
+        }
     }
 }
 
@@ -600,6 +586,15 @@ static void centre_terms(const struct kd_quant *q, const struct kd_qcode *qc, ui
     qc->centre_gen[j] = qc->gen;
 }
 
+void kd_qcode_take_centre_dots(const struct kd_quant *q, struct kd_qcode *qc, const float *dots)
+{
+    for (uint32_t j = 0; j < q->ncentres; j++) {
+        qc->dot_c[j] = dots[j];
+        qc->norm_sq[j] = qc->x_sq - 2 * dots[j] + q->centres_sq[j];
+        qc->centre_gen[j] = qc->gen;
+    }
+}
+
 /* The estimated distance from the estimate ip of <o-c, q-c>. */
 static inline float from_ip(const struct kd_quant *q, const struct kd_qcode *qc,
                             const struct kd_code_tail t, float ip)
@@ -941,6 +936,9 @@ AVX512_POPCNT static void estimate_pairs_avx512(const struct kd_quant *q, const 
     }
 }
 
+#define EVEN_PAIRS _MM_SHUFFLE(2, 0, 2, 0) /* 128-bit lanes 0, 2 of each input */
+#define ODD_PAIRS _MM_SHUFFLE(3, 1, 3, 1)
+
 /* Lane r of the result: the sum of a[r]'s eight lanes. Eight rows' sums at
  * once, in three rounds of pairing, where a row at a time took a reduction
  * of its own. */
@@ -950,13 +948,12 @@ AVX512_POPCNT static inline __m512i sum_lanes8(const __m512i a[8])
     for (int k = 0; k < 4; k++) /* 128-bit lane j: (a[2k]'s, a[2k+1]'s) pair j */
         t[k] = _mm512_add_epi64(_mm512_unpacklo_epi64(a[2 * k], a[2 * k + 1]),
                                 _mm512_unpackhi_epi64(a[2 * k], a[2 * k + 1]));
-    const int even = _MM_SHUFFLE(2, 0, 2, 0), odd = _MM_SHUFFLE(3, 1, 3, 1);
-    __m512i v01 = _mm512_add_epi64(_mm512_shuffle_i64x2(t[0], t[1], even),
-                                   _mm512_shuffle_i64x2(t[0], t[1], odd));
-    __m512i v23 = _mm512_add_epi64(_mm512_shuffle_i64x2(t[2], t[3], even),
-                                   _mm512_shuffle_i64x2(t[2], t[3], odd));
-    return _mm512_add_epi64(_mm512_shuffle_i64x2(v01, v23, even),
-                            _mm512_shuffle_i64x2(v01, v23, odd));
+    __m512i v01 = _mm512_add_epi64(_mm512_shuffle_i64x2(t[0], t[1], EVEN_PAIRS),
+                                   _mm512_shuffle_i64x2(t[0], t[1], ODD_PAIRS));
+    __m512i v23 = _mm512_add_epi64(_mm512_shuffle_i64x2(t[2], t[3], EVEN_PAIRS),
+                                   _mm512_shuffle_i64x2(t[2], t[3], ODD_PAIRS));
+    return _mm512_add_epi64(_mm512_shuffle_i64x2(v01, v23, EVEN_PAIRS),
+                            _mm512_shuffle_i64x2(v01, v23, ODD_PAIRS));
 }
 
 /* finish() for rows[0..8), their weighted counts in sums' lanes: the same

@@ -151,11 +151,19 @@ void kd_quant_encode_near(const struct kd_quant *q, const float *x, uint32_t j, 
  * scored in blocks: what kd_quant_encode finds for each alone. */
 void kd_quant_nearest(const struct kd_quant *q, const float *x, size_t stride, size_t n,
                       uint32_t *best);
+/* <x_i, c_j> of n rows (row i at x + i * stride floats) with every centre,
+ * at out[i * ncentres + j], scored twelve rows a pass over the centres. */
+void kd_quant_centre_dots(const struct kd_quant *q, const float *x, size_t stride, size_t n,
+                          float *out);
 
 int kd_qcode_alloc(struct kd_qcode *qc, const struct kd_quant *q);
 void kd_qcode_free(struct kd_qcode *qc);
 /* Prepare a query (already normalized for cosine). */
 void kd_qcode_prepare(const struct kd_quant *q, const float *x, struct kd_qcode *qc);
+/* After kd_qcode_prepare: every centre's terms from the query's inner
+ * products with the centres (kd_quant_centre_dots), instead of each made
+ * the first time a code of that centre is scored. */
+void kd_qcode_take_centre_dots(const struct kd_quant *q, struct kd_qcode *qc, const float *dots);
 
 /* Estimated distance (smaller is better: l2 -> squared distance, ip/cosine ->
  * minus the inner product) of each code rows[i] in codes. */
