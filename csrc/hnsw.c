@@ -932,7 +932,7 @@ static void *insert_worker(void *arg)
             block[j - i] = c->order ? c->order[j - c->first] : (uint32_t)j;
         if (claim > 1)
             c->o->beam->ahead(bs.state, block, (size_t)(end - i));
-        for (uint64_t j = i; j < end && !err; j++) {
+        for (uint64_t j = i; j < end && !err && !__atomic_load_n(&c->err, __ATOMIC_RELAXED); j++) {
             if (c->nodes)
                 err = reconnect_one(g, c->o, c->nodes[j], c->ef, &s, buf, rows, dists);
             else

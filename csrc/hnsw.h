@@ -120,11 +120,12 @@ struct kd_build_oracle {
     void *beam_ctx;                    /* what beam->open is given */
 };
 
+#define KD_BEAM_AHEAD 12 /* nodes a worker claims at a time, told to ahead */
+
 /* A cheaper estimate for insertion's beam, whose best are re-scored with
  * `from` before neighbours are chosen: smaller codes keep the beam's reads
  * in cache where the build codes no longer fit. State is per thread: open
  * returns it (NULL when out of memory) and prepare points it at node a. */
-#define KD_BEAM_AHEAD 12 /* nodes a worker claims at a time, told to ahead */
 
 struct kd_beam_oracle {
     void *(*open)(void *ctx);
