@@ -403,17 +403,24 @@ int kd_index_grow(struct kd_index *ix, uint64_t need)
     return grow_to(ix, cap, need);
 }
 
+/* Whether `more` rows may be added to ix (its lock held): 0, -EROFS or
+ * -EOVERFLOW. */
+static int can_add(const struct kd_index *ix, uint64_t more)
+{
+    if (ix->src->read_only)
+        return kd_fail(-EROFS,
+                       "index opened from disk is read-only; use knndirect.load to modify it");
+    if (more > UINT32_MAX - 1 - ix->count)
+        return kd_fail(-EOVERFLOW, "an index holds at most %u vectors", UINT32_MAX - 1);
+    return 0;
+}
+
 int kd_index_reserve(struct kd_index *ix, uint64_t more)
 {
     pthread_rwlock_wrlock(&ix->lock);
     uint64_t need = ix->count + more;
-    int err = 0;
-    if (ix->src->read_only)
-        err = kd_fail(-EROFS,
-                      "index opened from disk is read-only; use knndirect.load to modify it");
-    else if (need > UINT32_MAX - 1)
-        err = kd_fail(-EOVERFLOW, "an index holds at most %u vectors", UINT32_MAX - 1);
-    else if (ix->trained && need > ix->cap && !(err = kd_idmap_reserve(&ix->idmap, more)))
+    int err = can_add(ix, more);
+    if (!err && ix->trained && need > ix->cap && !(err = kd_idmap_reserve(&ix->idmap, more)))
         err = grow_to(ix, need, need);
     pthread_rwlock_unlock(&ix->lock);
     return err;
@@ -772,16 +779,8 @@ int kd_index_add(struct kd_index *ix, const float *x, size_t n, const int64_t *i
     struct encoded staged = {x, NULL, NULL, NULL};
     int grouped = 0;
     uint64_t *keys = NULL;
-    if (ix->src->read_only) {
-        err = kd_fail(-EROFS,
-                      "index opened from disk is read-only; use knndirect.load to modify it");
-        goto out;
-    }
-    if (last > UINT32_MAX - 1) {
-        err = kd_fail(-EOVERFLOW, "an index holds at most %u vectors", UINT32_MAX - 1);
-        goto out;
-    }
-    if ((err = kd_idmap_reserve(&ix->idmap, n)) || (err = kd_index_grow(ix, last)))
+    if ((err = can_add(ix, n)) || (err = kd_idmap_reserve(&ix->idmap, n)) ||
+        (err = kd_index_grow(ix, last)))
         goto out;
     /* Grouped by centre, the rows are encoded aside (their codes name the
      * centre) and then put in their slots; else encoded in place. */

@@ -578,21 +578,24 @@ void kd_qcode_prepare(const struct kd_quant *q, const float *x, struct kd_qcode 
     qc->sum_q = lo * (float)q->pdim + delta * (float)level_sum;
 }
 
-static void centre_terms(const struct kd_quant *q, const struct kd_qcode *qc, uint32_t j)
+/* Centre j's terms from xc = <x, c_j>. */
+static inline void set_centre_terms(const struct kd_quant *q, const struct kd_qcode *qc, uint32_t j,
+                                    float xc)
 {
-    float xc = kd_kernels()->dot(qc->x, q->centres + (size_t)j * q->dim, q->dim);
     qc->dot_c[j] = xc;
     qc->norm_sq[j] = qc->x_sq - 2 * xc + q->centres_sq[j];
     qc->centre_gen[j] = qc->gen;
 }
 
+static void centre_terms(const struct kd_quant *q, const struct kd_qcode *qc, uint32_t j)
+{
+    set_centre_terms(q, qc, j, kd_kernels()->dot(qc->x, q->centres + (size_t)j * q->dim, q->dim));
+}
+
 void kd_qcode_take_centre_dots(const struct kd_quant *q, struct kd_qcode *qc, const float *dots)
 {
-    for (uint32_t j = 0; j < q->ncentres; j++) {
-        qc->dot_c[j] = dots[j];
-        qc->norm_sq[j] = qc->x_sq - 2 * dots[j] + q->centres_sq[j];
-        qc->centre_gen[j] = qc->gen;
-    }
+    for (uint32_t j = 0; j < q->ncentres; j++)
+        set_centre_terms(q, qc, j, dots[j]);
 }
 
 /* The estimated distance from the estimate ip of <o-c, q-c>. */

@@ -366,7 +366,7 @@ def test_add_in_chunks_reserves_once(idx, tmp_path):
     """An add of more than a chunk first makes room for all of it. Stopped
     after its first chunk, it holds that chunk, and the room left over takes
     later adds: every row answers (exact ids against brute force). A
-    read-only index refuses the room."""
+    read-only index refuses the room, and so does a count past the limit."""
     index, base = idx
     more = clustered(3000, D_, seed=21)
     index.add(more, ids=np.arange(5000, 8000), progress=lambda d, t: False)
@@ -381,6 +381,9 @@ def test_add_in_chunks_reserves_once(idx, tmp_path):
     index._core.reserve(0)
     with pytest.raises(OverflowError):
         index._core.reserve(-1)
+    for too_many in (2**32, 2**64 - 1):  # the latter would wrap past the count
+        with pytest.raises(ValueError, match="at most 4294967294 vectors"):
+            index._core.reserve(too_many)
     p = tmp_path / "ro.kdx"
     index.save(p)
     o = open_quiet(p)
