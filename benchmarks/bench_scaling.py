@@ -34,6 +34,14 @@ benchmarks/embed_wordnet.py has made its embeddings, is skipped with a note):
    rounds of the 1T and 2T QPS and of the per-round ratio 2T/1T (the two
    timings of one round, taken close together). Goal per dataset:
    knndirect's median ratio >= hnswlib's: PASS, else FAIL.
+4. The machine's own bound, timed in the same rotation (--no-bound to
+   leave it out): a job with no serial part and no shared writes, SHA-256
+   over a private 1 MiB buffer per thread (hashlib releases the GIL for each
+   update), 64 MiB in all, split evenly. Its 2T/1T is what 2 threads can give
+   on this machine at that moment (a VM's vCPUs, turbo, the host's load);
+   where both systems sit at it, the goal cannot separate them here. The
+   paired rounds are also counted (sign test: how likely that many rounds
+   below hnswlib's or more, were the two ratios alike).
 
 Writes benchmarks/results/scaling.json and scaling.md (--out to change the
 folder), naming the machine, its load averages, the commit and the command.
@@ -42,12 +50,15 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import os
 import shlex
 import statistics
 import sys
+import threading
 import time
+from math import comb
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +109,8 @@ def parse_args(argv=None):
                          "about half an hour of CPU) instead of skipping it")
     ap.add_argument("--out", default=str(HERE / "results"),
                     help="folder for scaling.json and scaling.md")
+    ap.add_argument("--no-bound", action="store_true",
+                    help="leave out the machine's own bound (a perfectly parallel job)")
     ap.add_argument("--machine-label", default=os.environ.get(
         "KNNDIRECT_BENCH_MACHINE", "2-core VM"))
     args = ap.parse_args(argv)
@@ -137,6 +150,36 @@ def missing_reason(spec, n_queries):
     if not Path(spec).exists():
         return f"{spec}: not a named set nor an existing file"
     return None
+
+
+class ParallelBound:
+    """What 2 threads can give on this machine: SHA-256 over a private buffer
+    per thread, split evenly, nothing shared; timed like a system (search
+    returns no ids)."""
+    note = ("SHA-256 over a private 1 MiB buffer per thread, 64 MiB in all, split "
+            "evenly: no serial part, no shared writes")
+    CHUNKS = 64
+
+    def __init__(self):
+        self.buffers = [os.urandom(1 << 20) for _ in range(2)]
+
+    def search(self, index, q, point, threads):
+        def run(buffer, times):
+            h = hashlib.sha256()
+            for _ in range(times):
+                h.update(buffer)
+        workers = [threading.Thread(target=run, args=(self.buffers[i], self.CHUNKS // threads))
+                   for i in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+
+
+def sign_test(below, rounds):
+    """One-sided: the chance of `below` or more of `rounds` paired rounds
+    falling below, were each a coin toss."""
+    return sum(comb(rounds, i) for i in range(below, rounds + 1)) / 2 ** rounds
 
 
 def recall(ids, gt, k):
@@ -227,6 +270,11 @@ def bench_dataset(spec, args):
         systems[name] = system
     del x
     configs = [c for c in CONFIGS if c[0] in systems]
+    if not args.no_bound:
+        systems["bound"], indexes["bound"] = ParallelBound(), None
+        out["systems"]["bound"] = {"note": ParallelBound.note, "version": "",
+                                   "chosen": {"params": {}}}
+        configs += [("bound", 1), ("bound", 2)]
     rounds = []
     for r in range(args.rounds):
         s = r % len(configs) if configs else 0
@@ -238,7 +286,7 @@ def bench_dataset(spec, args):
             med, times, ids = timed(systems[name], indexes[name], q, point, threads,
                                     args.repeats, args.warmup)
             row["qps"][f"{name}-{threads}T"] = len(q) / med
-            if r == 0:  # the chosen point's recall, as the timed runs see it
+            if r == 0 and name != "bound":  # the chosen point's recall, as timed
                 out["systems"][name].setdefault("recall_by_threads", {})[str(threads)] = \
                     recall(ids, gt, args.k)
         rounds.append(row)
@@ -253,7 +301,8 @@ def bench_dataset(spec, args):
         e.update({"qps_1t": statistics.median(q1), "qps_2t": statistics.median(q2),
                   "ratio": statistics.median(ratios), "ratio_min": min(ratios),
                   "ratio_max": max(ratios), "ratios": ratios})
-        systems[name].close(indexes[name])
+        if name != "bound":
+            systems[name].close(indexes[name])
     kd, hn = out["systems"]["knndirect"], out["systems"]["hnswlib"]
     if "ratio" in kd and "ratio" in hn:
         wins = sum(a >= b for a, b in zip(kd["ratios"], hn["ratios"]))
@@ -261,7 +310,10 @@ def bench_dataset(spec, args):
                        "knndirect": kd["ratio"], "hnswlib": hn["ratio"],
                        "pass": kd["ratio"] >= hn["ratio"],
                        "rounds_knndirect_ge_hnswlib": f"{wins}/{len(rounds)}",
+                       "sign_test_p": sign_test(len(rounds) - wins, len(rounds)),
                        "provisional": args.rounds < MIN_ROUNDS}
+        if "bound" in out["systems"]:
+            out["goal"]["bound"] = out["systems"]["bound"]["ratio"]
     else:
         out["goal"] = {"goal": "knndirect scaling >= hnswlib scaling", "pass": None,
                        "reason": "hnswlib skipped" if "ratio" in kd else "knndirect skipped"}
@@ -313,11 +365,16 @@ def markdown(res):
                              "| | | | | |")
                 continue
             ch = e["chosen"]
+            ratio = f"{e['ratio']:.2f}x [{e['ratio_min']:.2f}-{e['ratio_max']:.2f}]"
+            if sname == "bound":
+                lines.append(f"| the machine's bound ({e['note']}) | | | "
+                             f"{e['qps_1t'] / ds['n_queries']:.1f} passes/s | "
+                             f"{e['qps_2t'] / ds['n_queries']:.1f} passes/s | {ratio} | |")
+                continue
             flag = "" if ch["target_reached"] else " (target not reached)"
             lines.append(
                 f"| {sname} {e['version']} | {_fmt_params(ch['params'])}{flag} | "
-                f"{ch['recall']:.4f} | {e['qps_1t']:,.0f} | {e['qps_2t']:,.0f} | "
-                f"{e['ratio']:.2f}x [{e['ratio_min']:.2f}-{e['ratio_max']:.2f}] | "
+                f"{ch['recall']:.4f} | {e['qps_1t']:,.0f} | {e['qps_2t']:,.0f} | {ratio} | "
                 f"{e['build_s']:.1f} |")
         g = d["goal"]
         if g.get("pass") is None:
@@ -327,7 +384,11 @@ def markdown(res):
                           f"{g['hnswlib']:.2f}x: **{'PASS' if g['pass'] else 'FAIL'}**"
                           + (" (provisional)" if g["provisional"] else "")
                           + f"; knndirect's ratio >= hnswlib's in "
-                            f"{g['rounds_knndirect_ge_hnswlib']} rounds."]
+                            f"{g['rounds_knndirect_ge_hnswlib']} rounds (sign test: p = "
+                            f"{g['sign_test_p']:.2f} for as many below or more, were the two "
+                            "alike)"
+                          + (f"; the machine's bound in the same rounds: {g['bound']:.2f}x."
+                             if "bound" in g else ".")]
         for note in d.get("notes", []):
             lines += ["", f"Note: {note}"]
     lines += ["", "## Commands", "", "This result:", "", "```", m["command"], "```", "",

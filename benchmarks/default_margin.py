@@ -12,6 +12,14 @@ per second with 1 thread relative to the first z listed, on the same build
     python benchmarks/default_margin.py --sets clustered-100k-256,minilm-wordnet \\
         --metrics cosine,l2,ip --seeds 0,1,2 --z 1.645,auto,2.326
 
+With --queries, each z is read from tables measured on that many of the
+build's held-out queries (all on the same graph: the build's calibration is
+measured once per count before the held-out rows go in; "lib" is the
+library's own rule, "staged" its error rule alone, as a one-thread build
+takes it), and "auto@A" is the family's rule at confidence 1 - A:
+
+    python benchmarks/default_margin.py --queries lib,400 --z auto,auto@0.01
+
 A fresh build per seed: the table's error is its sample's, so one seed is
 one draw. The queries are the same for every seed: their own standard
 error (printed) is common to all rows of a set and metric.
@@ -33,15 +41,44 @@ from knndirect import _calibration  # noqa: E402
 LIBRARY_SURE_Z = _calibration.sure_z
 
 
+LIBRARY_MEASURE = _calibration.measure
+LIBRARY_ALPHA = _calibration.SURE_ALPHA
+
+
 def pinned_sure_z(z, taken=None):
-    """A stand-in for _calibration.sure_z: z fixed, or "auto" for the
-    library's own rule; each z it gives is appended to taken."""
+    """A stand-in for _calibration.sure_z: z fixed, "auto" for the library's
+    own rule or "auto@A" for it at alpha A; each z it gives is appended to
+    taken."""
     def sure_z(columns):
-        got = LIBRARY_SURE_Z(columns) if z == "auto" else float(z)
+        if z.startswith("auto"):
+            _calibration.SURE_ALPHA = float(z[5:]) if "@" in z else LIBRARY_ALPHA
+            got = LIBRARY_SURE_Z(columns)
+            _calibration.SURE_ALPHA = LIBRARY_ALPHA
+        else:
+            got = float(z)
         if taken is not None:
             taken.append(got)
         return got
     return sure_z
+
+
+def measuring_each(counts, tables, seconds):
+    """A stand-in for _calibration.measure that, for a build (first given),
+    measures one table per count in counts ("lib": the library's own rule;
+    "staged": its error rule alone, as a one-thread build takes it; a
+    number: that many of the held-out queries, all of them at once) and
+    keeps each in tables, its time in seconds. The index keeps the first."""
+    def measure(core, queries, truth_of, k, **kw):
+        if kw.get("first") is None:
+            return LIBRARY_MEASURE(core, queries, truth_of, k, **kw)
+        for c in counts:
+            t0 = time.perf_counter()
+            rule = {} if c == "lib" else {"budget": None} if c == "staged" else {
+                "first": min(int(c), queries.shape[0]), "budget": None}
+            tables[c] = LIBRARY_MEASURE(core, queries, truth_of, k, **(kw | rule))
+            seconds[c] = time.perf_counter() - t0
+        return tables[counts[0]]
+    return measure
 
 
 def main():
@@ -52,17 +89,24 @@ def main():
     ap.add_argument("--metrics", default="cosine,l2,ip")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--z", default="1.645,auto,2.326")
+    ap.add_argument("--queries", default="lib",
+                    help="held-out query counts the tables are measured on")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="build threads")
     args = ap.parse_args()
     k = 10
-    zs = args.z.split(",")
+    counts = args.queries.split(",")
+    rules = [(c, z) for c in counts for z in args.z.split(",")]
     taken = []
     seeds = [int(s) for s in args.seeds.split(",")]
-    summary = {z: [] for z in zs}
-    print("| set | metric | seed | queries' se | " + " | ".join(
-        f"z {z}: ef, os, recall, QPS ratio" for z in zs) + " |")
-    print("| --- | --- | ---: | ---: |" + " --- |" * len(zs))
+    summary = {r: [] for r in rules}
+    shares = {c: [] for c in counts}
+
+    def label(rule):
+        return rule[1] if counts == ["lib"] else f"{rule[0]} q, {rule[1]}"
+    print("| set | metric | seed | queries' se | calibration share | " + " | ".join(
+        f"{label(r)}: ef, os, recall, QPS ratio" for r in rules) + " |")
+    print("| --- | --- | ---: | ---: | --- |" + " --- |" * len(rules))
     for name in args.sets.split(","):
         for metric in args.metrics.split(","):
             ds = bench_data.resolve(name, n_queries=1000, metric=metric, k=k)
@@ -72,13 +116,22 @@ def main():
             for seed in seeds:
                 t = time.perf_counter()
                 index = kd.Index(base.shape[1], metric, seed=seed)
+                tables, seconds = {}, {}
+                _calibration.measure = measuring_each(counts, tables, seconds)
                 index.add(base, threads=args.threads)
+                _calibration.measure = LIBRARY_MEASURE
+                build = time.perf_counter() - t - sum(seconds.values())
+                share = ", ".join(f"{c} {tables[c]['queries']} q {seconds[c] / build:.1%}"
+                                  for c in counts)
+                for c in counts:
+                    shares[c].append(seconds[c] / build)
                 cells, qse, first_qps = [], None, None
-                for z in zs:
+                for rule in rules:
+                    count, z = rule
+                    index._set_calibration(tables[count])
                     _calibration.sure_z = pinned_sure_z(z, taken)
-                    index._choices = {}
                     ef, os_ = index._chosen(k, None)
-                    took = f" (z {taken[-1]:.2f})" if z == "auto" else ""
+                    took = f" (z {taken[-1]:.2f})" if z.startswith("auto") else ""
                     times = []
                     for _ in range(args.repeats):
                         t0 = time.perf_counter()
@@ -88,20 +141,25 @@ def main():
                     qse = r.std(ddof=1) / np.sqrt(len(r))
                     qps = len(queries) / float(np.median(times))
                     first_qps = first_qps or qps
-                    summary[z].append((r.mean(), qps / first_qps))
+                    summary[rule].append((r.mean(), qps / first_qps))
                     cells.append(f"{ef}, {os_:g}, {r.mean():.4f}, {qps / first_qps:.3f}{took}")
-                print(f"| {name} | {metric} | {seed} | {qse:.4f} | " + " | ".join(cells) + " |",
-                      flush=True)
+                _calibration.sure_z = LIBRARY_SURE_Z
+                print(f"| {name} | {metric} | {seed} | {qse:.4f} | {share} | "
+                      + " | ".join(cells) + " |", flush=True)
                 print(f"  ({name} {metric} seed {seed}: {time.perf_counter() - t:.0f} s)",
                       file=sys.stderr, flush=True)
                 index.close()
     print()
-    print("| z | builds | below 0.95 | lowest recall | mean recall | median QPS ratio |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
-    for z in zs:
-        a = np.asarray(summary[z])
-        print(f"| {z} | {len(a)} | {int((a[:, 0] < 0.95).sum())} | {a[:, 0].min():.4f} | "
-              f"{a[:, 0].mean():.4f} | {np.median(a[:, 1]):.3f} |")
+    print("| rule | builds | below 0.95 | lowest recall | mean recall | median QPS ratio |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for rule in rules:
+        a = np.asarray(summary[rule])
+        print(f"| {label(rule)} | {len(a)} | {int((a[:, 0] < 0.95).sum())} | "
+              f"{a[:, 0].min():.4f} | {a[:, 0].mean():.4f} | {np.median(a[:, 1]):.3f} |")
+    print()
+    for c in counts:
+        print(f"calibration share of the build, {c} queries: median "
+              f"{np.median(shares[c]):.2%}, largest {max(shares[c]):.2%}")
 
 
 if __name__ == "__main__":

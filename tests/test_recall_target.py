@@ -79,6 +79,46 @@ def test_more_queries_where_the_table_is_unsure(built):
     assert after < worst
 
 
+def test_a_budget_decides_how_many_more(built, monkeypatch):
+    """With a budget, the rest are measured as far as the first's cost a
+    query says they fit, whatever the table's error; without room, none."""
+    _, _, queries, _, index = built
+    core, k, first = index._core, K, _calibration.QUERIES
+
+    def truth_of(lo, hi, depth):
+        return core.search(q[lo:hi], depth, 0, 0.0, True, True, 0, None)[1]
+
+    q = np.ascontiguousarray(queries[:_calibration.MOST_QUERIES])
+    assert _calibration.measure(core, q, truth_of, k, first=first, budget=0.0)["queries"] \
+        == first
+    assert _calibration.measure(core, q, truth_of, k, first=first, budget=1e9)["queries"] \
+        == q.shape[0]
+    # The first took 1 s on this clock: a budget of 1.5 s holds half of them more.
+    ticks = iter([0.0, 1.0])
+    monkeypatch.setattr(_calibration, "perf_counter", lambda: next(ticks))
+    assert _calibration.measure(core, q, truth_of, k, first=first, budget=1.5)["queries"] \
+        == first + first // 2
+
+
+def test_a_build_on_threads_takes_the_budget_and_one_thread_the_error_rule(monkeypatch):
+    """An add on more than one thread gives its table BUDGET of the add's
+    time; one thread, whose file must come out the same every run, none."""
+    base, _ = split(4000, 10, 16, seed=11)
+    budgets = []
+    measure = _calibration.measure
+
+    def spy(*args, **kw):
+        budgets.append(kw["budget"])
+        return measure(*args, **kw)
+
+    monkeypatch.setattr(_calibration, "measure", spy)
+    for threads in (1, 2):
+        index = kd.Index(16, "l2", seed=3)
+        index.add(base, threads=threads)
+        index.close()
+    assert budgets[0] is None and budgets[1] > 0
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_recall_target_is_met_within_002(built, target):
     metric, _, queries, truth, index = built

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 from statistics import NormalDist
+from time import perf_counter
 
 import numpy as np
 
@@ -39,11 +40,23 @@ MIN_INDEX = 1000
 # 0.0064 at 0.96, about 0.011 at 0.90), so where the standard error at the
 # point chosen for a promised target exceeds STDERR_BOUND (recall='s
 # +-TOLERANCE is then 2.5 standard errors: 99% of tables), more held-out
-# queries are measured on the same beams, up to MOST_QUERIES in all. Each
-# query costs 0.01-0.016% of a 100k build (the brute force for its truth and
-# its ladder): 400 stay under the 5% budget, and the bound decides how few.
+# queries are measured on the same beams, up to MOST_QUERIES in all (a
+# build on threads takes BUDGET's rule instead).
 QUERIES = 200
 MOST_QUERIES = 400
+# A build with more than one thread measures as many of the rest as fit in
+# BUDGET of the add's time, at the cost per query its first QUERIES took:
+# the default's bound narrows as 1/sqrt(queries), and at 1M x 768 the first
+# 200 read 0.013 easy (the default gave 0.9482; all 400 gave 0.9577, for
+# 3.4% of the build against 2.0%). Counts cannot stand in for the time:
+# the brute force for the truth is bound by the FMA units and a build by
+# memory, so their ratio moves with the index's size (the share of a query
+# fell from 0.016% of a 100k x 768 build to 0.009-0.010% of a 1M one). A
+# build with one thread, whose file must come out the same every time, keeps
+# the error rule alone. 45 builds at 100k: 3.1-5.8% of the build (the first
+# 200 alone can pass the budget), one default below 0.95 against two, 3.1%
+# more queries per second (benchmarks/default_margin.py --queries staged,lib).
+BUDGET = 0.04
 TOLERANCE = 0.02
 STDERR_BOUND = TOLERANCE / 2.5
 PROMISED = (0.90, 0.95, 0.98)
@@ -137,13 +150,15 @@ def lengths(k, default_oversample, max_oversample=None):
 
 
 def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build",
-            first=None):
+            first=None, budget=None):
     """The calibration table of core for these queries (float32, C order).
     truth_of(lo, hi, depth): the depth true neighbours of queries[lo:hi],
     nearest first (int64, (n, depth), -1 padded). first
     given: the table is measured on queries[:first], and on as many of the
     rest as bring its error within STDERR_BOUND (the queries must come in
-    random order)."""
+    random order), or with budget (seconds) given, as many as fit in it at
+    the first's cost a query."""
+    started = perf_counter()
     n = queries.shape[0]
     first = n if first is None else min(first, n)
 
@@ -173,10 +188,15 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
     depth = depth_exponent(rows, lens, "+" in core.info()["quantization"])
     lens, rows = lens[:j + 1], [r.first(j + 1) for r in rows]
     cal = _table(core, rows, k, lens, source, first)
-    worst = max(_cheapest(cal, t, False)[4] for t in PROMISED)
-    if first < n and worst > STDERR_BOUND:
+    if budget is not None:
+        spent = perf_counter() - started
+        more = min(n - first, max(0, math.floor((budget - spent) * first / spent)))
+    else:
+        worst = max(_cheapest(cal, t, False)[4] for t in PROMISED)
         # Error shrinks as 1/sqrt(queries): as many more as that asks for.
-        more = min(n - first, math.ceil(first * ((worst / STDERR_BOUND) ** 2 - 1)))
+        more = 0 if worst <= STDERR_BOUND else min(
+            n - first, math.ceil(first * ((worst / STDERR_BOUND) ** 2 - 1)))
+    if more > 0:
         rest = part(first, first + more, truth_of(first, first + more, k))
         extra = _ladder(core, rest, k, threads, lens, len(lens) - 1, [r.ef for r in rows])
         cal = _table(core, [a.pooled(b) for a, b in zip(rows, extra)], k, lens, source,

@@ -315,13 +315,14 @@ class Index:
         self._cal, self._choices = cal, {}
 
     def _calibrate(self, queries, k, threads, source, *, truth_of=None, hidden=None,
-                   started=None, first=None, serves=None):
+                   started=None, first=None, serves=None, budget=None):
         """Measure the table on queries (their true neighbours found by brute
         force unless truth_of(lo, hi, depth) gives the depth nearest of
         queries[lo:hi]) and keep
         it. first: measure that many, and the rest only if the table's error
-        asks for them. serves: the count the index will have once the
-        queries (held out of it) go in."""
+        asks for them, or with budget (seconds) as many as fit in it.
+        serves: the count the index will have once the queries (held out of
+        it) go in."""
         t0 = started or time.perf_counter()
         q = _float32(queries)
         if truth_of is None:
@@ -329,7 +330,8 @@ class Index:
                 return self._core.search(q[lo:hi], depth, 0, 0.0, True, True, threads or 0,
                                          None)[1]
         cal = _calibration.measure(self._core, q, truth_of, k, hidden=hidden,
-                                   threads=threads or 0, source=source, first=first)
+                                   threads=threads or 0, source=source, first=first,
+                                   budget=budget)
         if serves is not None and serves > cal["count"]:
             cal["serves"] = int(serves)
         self._set_calibration(cal)
@@ -537,6 +539,7 @@ class Index:
         progress's smaller chunks group less.
         An index from ``open`` is read-only for add.
         """
+        began = time.perf_counter()
         x = _as_matrix(vectors, self._dim, "vectors", convert=False)
         n = x.shape[0]
         id_arr = None
@@ -605,9 +608,13 @@ class Index:
                 if report is not None and report(end, n) is False:
                     break
             if held is not None and done == n:
+                # One thread: the reproducible build, whose table must not
+                # follow the clock (the error rule alone decides).
+                one = (nthreads or os.cpu_count() or 1) == 1
+                budget = None if one else _calibration.BUDGET * (time.perf_counter() - began)
                 self._calibrate(x[held], _calibration.K, nthreads, "build",
                                 first=_calibration.QUERIES,
-                                serves=len(self._core) + held.shape[0])
+                                serves=len(self._core) + held.shape[0], budget=budget)
             elif held is None and done == n:
                 self._measure_if_grown(nthreads)
         finally:
