@@ -47,8 +47,8 @@ MOST_QUERIES = 400
 # A build with more than one thread measures as many of the rest as fit in
 # BUDGET of the add's time, at the cost per query its first QUERIES took:
 # the default's bound narrows as 1/sqrt(queries), and at 1M x 768 the first
-# 200 read 0.013 easy (the default gave 0.9482; all 400 gave 0.9577, for
-# 3.4% of the build against 2.0%). Counts cannot stand in for the time:
+# 200 read 0.013 easy (the default gave 0.9479-0.9482; all 400 gave
+# 0.9575-0.9577, for 2.7-3.4% of the build against 1.7-2.0%). Counts cannot stand in for the time:
 # the brute force for the truth is bound by the FMA units and a build by
 # memory, so their ratio moves with the index's size (the share of a query
 # fell from 0.016% of a 100k x 768 build to 0.009-0.010% of a 1M one). A
@@ -189,7 +189,7 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
     lens, rows = lens[:j + 1], [r.first(j + 1) for r in rows]
     cal = _table(core, rows, k, lens, source, first)
     if budget is not None:
-        spent = perf_counter() - started
+        spent = max(perf_counter() - started, 1e-9)
         more = min(n - first, max(0, math.floor((budget - spent) * first / spent)))
     else:
         worst = max(_cheapest(cal, t, False)[4] for t in PROMISED)
