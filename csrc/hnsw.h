@@ -126,7 +126,6 @@ struct kd_build_oracle {
  * `from` before neighbours are chosen: smaller codes keep the beam's reads
  * in cache where the build codes no longer fit. State is per thread: open
  * returns it (NULL when out of memory) and prepare points it at node a. */
-
 struct kd_beam_oracle {
     void *(*open)(void *ctx);
     void (*close)(void *state);
