@@ -20,11 +20,21 @@ takes it), and "auto@A" is the family's rule at confidence 1 - A:
 
     python benchmarks/default_margin.py --queries lib,400 --z auto,auto@0.01
 
+"whole" is the library's rule with every beam measured on all the queries
+(none on half of them past HALF_PAST), the rule before the halving:
+
+    python benchmarks/default_margin.py --queries lib,whole --z auto \
+        --targets 0.9,0.95,0.98
+
+--targets also searches with recall= each target from each table, and
+counts the targets whose recall lands outside +-0.02.
+
 A fresh build per seed: the table's error is its sample's, so one seed is
 one draw. The queries are the same for every seed: their own standard
 error (printed) is common to all rows of a set and metric.
 """
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -43,6 +53,7 @@ LIBRARY_SURE_Z = _calibration.sure_z
 
 LIBRARY_MEASURE = _calibration.measure
 LIBRARY_ALPHA = _calibration.SURE_ALPHA
+LIBRARY_HALF_PAST = _calibration.HALF_PAST
 
 
 def pinned_sure_z(z, taken=None):
@@ -67,15 +78,18 @@ def measuring_each(counts, tables, seconds):
     measures one table per count in counts ("lib": the library's own rule;
     "staged": its error rule alone, as a one-thread build takes it; a
     number: that many of the held-out queries, all of them at once) and
-    keeps each in tables, its time in seconds. The index keeps the first."""
+    keeps each in tables, its time in seconds. The index keeps the first.
+    "whole": the library's rule, no beam on half the queries."""
     def measure(core, queries, truth_of, k, **kw):
         if kw.get("first") is None:
             return LIBRARY_MEASURE(core, queries, truth_of, k, **kw)
         for c in counts:
             t0 = time.perf_counter()
-            rule = {} if c == "lib" else {"budget": None} if c == "staged" else {
+            rule = {} if c in ("lib", "whole") else {"budget": None} if c == "staged" else {
                 "first": min(int(c), queries.shape[0]), "budget": None}
+            _calibration.HALF_PAST = math.inf if c == "whole" else LIBRARY_HALF_PAST
             tables[c] = LIBRARY_MEASURE(core, queries, truth_of, k, **(kw | rule))
+            _calibration.HALF_PAST = LIBRARY_HALF_PAST
             seconds[c] = time.perf_counter() - t0
         return tables[counts[0]]
     return measure
@@ -93,9 +107,13 @@ def main():
                     help="held-out query counts the tables are measured on")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="build threads")
+    ap.add_argument("--targets", default="",
+                    help="recall= targets to search with from each table, e.g. 0.9,0.95,0.98")
     args = ap.parse_args()
+    targets = [float(t) for t in args.targets.split(",") if t]
     k = 10
     counts = args.queries.split(",")
+    missed = {c: [] for c in counts}  # per table: each target's recall less the target
     rules = [(c, z) for c in counts for z in args.z.split(",")]
     taken = []
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -104,9 +122,11 @@ def main():
 
     def label(rule):
         return rule[1] if counts == ["lib"] else f"{rule[0]} q, {rule[1]}"
-    print("| set | metric | seed | queries' se | calibration share | " + " | ".join(
-        f"{label(r)}: ef, os, recall, QPS ratio" for r in rules) + " |")
-    print("| --- | --- | ---: | ---: | --- |" + " --- |" * len(rules))
+    heads = [f"{label(r)}: ef, os, recall, QPS ratio" for r in rules] + [
+        f"recall={'/'.join(map(str, targets))}" for _ in counts if targets]
+    print("| set | metric | seed | queries' se | calibration share | " + " | ".join(heads)
+          + " |")
+    print("| --- | --- | ---: | ---: | --- |" + " --- |" * len(heads))
     for name in args.sets.split(","):
         for metric in args.metrics.split(","):
             ds = bench_data.resolve(name, n_queries=1000, metric=metric, k=k)
@@ -144,6 +164,13 @@ def main():
                     summary[rule].append((r.mean(), qps / first_qps))
                     cells.append(f"{ef}, {os_:g}, {r.mean():.4f}, {qps / first_qps:.3f}{took}")
                 _calibration.sure_z = LIBRARY_SURE_Z
+                for c in counts:
+                    index._set_calibration(tables[c])
+                    got = [per_query_recall(index.search(queries, k, recall=t, threads=1)[1],
+                                            truth, k).mean() for t in targets]
+                    missed[c] += [g - t for g, t in zip(got, targets)]
+                    if targets:
+                        cells.append(f"{c}: " + "/".join(f"{g:.4f}" for g in got))
                 print(f"| {name} | {metric} | {seed} | {qse:.4f} | {share} | "
                       + " | ".join(cells) + " |", flush=True)
                 print(f"  ({name} {metric} seed {seed}: {time.perf_counter() - t:.0f} s)",
@@ -160,6 +187,11 @@ def main():
     for c in counts:
         print(f"calibration share of the build, {c} queries: median "
               f"{np.median(shares[c]):.2%}, largest {max(shares[c]):.2%}")
+        if targets:
+            m = np.asarray(missed[c])
+            print(f"  recall= from its tables: {int((np.abs(m) > 0.02).sum())} of {len(m)} "
+                  f"outside +-0.02, mean {m.mean():+.4f}, from {m.min():+.4f} to "
+                  f"{m.max():+.4f}")
 
 
 if __name__ == "__main__":

@@ -49,34 +49,84 @@ def test_build_measures_a_calibration(built):
     assert {0.9, 0.95, 0.98, 0.99} <= set(cal["targets"])
 
 
-def test_more_queries_where_the_table_is_unsure(built):
+def test_more_queries_where_the_table_is_unsure(built, monkeypatch):
     """The first QUERIES measure the table; where its error at a promised
     target exceeds the bound, more held-out queries are measured on the same
-    beams and pooled: the table is then the one all of them give at once."""
+    beams, as many as the error asks for; the error there is then smaller."""
+    # This set's tables are within the library's bound: a tighter one.
+    monkeypatch.setattr(_calibration, "STDERR_BOUND", 0.005)
     _, base, queries, _, index = built
-    core, k = index._core, K
-
-    def truth_of(q):
-        return lambda lo, hi, depth: core.search(q[lo:hi], depth, 0, 0.0, True, True, 0,
-                                                 None)[1]
-
+    core, k, first = index._core, K, _calibration.QUERIES
     q = np.ascontiguousarray(queries[:_calibration.MOST_QUERIES])
-    staged = _calibration.measure(core, q, truth_of(q), k, first=_calibration.QUERIES)
-    alone = _calibration.measure(core, q[:_calibration.QUERIES], truth_of(q), k)
+
+    def truth_of(lo, hi, depth):
+        return core.search(q[lo:hi], depth, 0, 0.0, True, True, 0, None)[1]
+
+    staged = _calibration.measure(core, q, truth_of, k, first=first)
+    alone = _calibration.measure(core, q[:first], truth_of, k)
     worst = max(_calibration._cheapest(alone, t, False)[4] for t in _calibration.PROMISED)
-    if worst <= _calibration.STDERR_BOUND:
-        assert staged == alone
-        return
-    used = staged["queries"]
-    assert _calibration.QUERIES < used <= _calibration.MOST_QUERIES
-    together = _calibration.measure(core, q[:used], truth_of(q), k)
-    assert together["ef"][:len(staged["ef"])] == staged["ef"]
-    rows = len(staged["ef"])
-    np.testing.assert_allclose(staged["recall"], together["recall"][:rows], atol=2e-5)
-    np.testing.assert_allclose(staged["stderr"], together["stderr"][:rows], atol=2e-5)
-    # More queries: a smaller error where it was largest.
+    asked = math.ceil(first * ((worst / _calibration.STDERR_BOUND) ** 2 - 1))
+    assert staged["queries"] == min(first + asked, q.shape[0]) > first
+    assert staged["ef"] == alone["ef"]
     after = max(_calibration._cheapest(staged, t, False)[4] for t in _calibration.PROMISED)
     assert after < worst
+
+
+def sweep_of(core, q, truth, ef, lens):
+    """One sweep's (recall, stderr), as a table rounds them."""
+    recall, spread, _, _, used, _ = core.recall_sweep(q, None, truth.ravel(), K, ef,
+                                                      np.asarray(lens, np.int64), 1)
+    return np.round(recall, 5), np.round(spread / math.sqrt(used - 1), 5)
+
+
+def test_the_rest_pool_into_the_table_their_queries_give_at_once(built, monkeypatch):
+    """More queries are measured on the same beams and pooled: each beam's
+    row is the sweep of all the queries it was measured on, at once. A beam
+    measured on the first half of the first queries takes the first half of
+    the rest."""
+    monkeypatch.setattr(_calibration, "HALF_PAST", 0.9)  # some beams of each kind
+    _, _, queries, _, index = built
+    core, first = index._core, _calibration.QUERIES
+    q = np.ascontiguousarray(queries[:_calibration.MOST_QUERIES])
+    truth = core.search(q, K, 0, 0.0, True, True, 0, None)[1].astype(np.int64)
+
+    def truth_of(lo, hi, depth):
+        return core.search(q[lo:hi], depth, 0, 0.0, True, True, 0, None)[1]
+
+    cal = _calibration.measure(core, q, truth_of, K, first=first, budget=1e9)
+    n = q.shape[0]
+    assert cal["queries"] == n and set(cal["beam_queries"]) == {n, n // 2}
+    halves = np.r_[0:first // 2, first:first + (n - first) // 2]
+    for ef, used, recall, stderr in zip(cal["ef"], cal["beam_queries"], cal["recall"],
+                                        cal["stderr"]):
+        rows = np.arange(n) if used == n else halves
+        want_recall, want_stderr = sweep_of(core, q[rows], truth[rows], ef, cal["shortlist"])
+        np.testing.assert_allclose(recall, want_recall, atol=2e-5)
+        np.testing.assert_allclose(stderr, want_stderr, atol=2e-5)
+
+
+def test_the_widest_beams_take_half_the_queries(built, monkeypatch):
+    """Beams past the first whose recall at the longest shortlist reached
+    HALF_PAST serve the targets above the default alone: they are measured
+    on the first half of the queries, whose table reads them as one sweep of
+    those queries gives them."""
+    monkeypatch.setattr(_calibration, "HALF_PAST", 0.9)  # some beams of each kind
+    _, _, queries, _, index = built
+    core, n = index._core, _calibration.QUERIES
+    q = np.ascontiguousarray(queries[:n])
+    truth = core.search(q, K, 0, 0.0, True, True, 0, None)[1].astype(np.int64)
+    cal = _calibration.measure(
+        core, q, lambda lo, hi, depth: core.search(q[lo:hi], depth, 0, 0.0, True, True, 0,
+                                                   None)[1], K)
+    top = [r[-1] for r in cal["recall"]]
+    past = next(i for i, r in enumerate(top) if r >= _calibration.HALF_PAST)
+    assert past + 1 < len(top)
+    assert cal["beam_queries"] == [n] * (past + 1) + [n // 2] * (len(top) - past - 1)
+    for i in range(past + 1, len(top)):
+        recall, stderr = sweep_of(core, q[:n // 2], truth[:n // 2], cal["ef"][i],
+                                  cal["shortlist"])
+        np.testing.assert_allclose(cal["recall"][i], recall, atol=2e-5)
+        np.testing.assert_allclose(cal["stderr"][i], stderr, atol=2e-5)
 
 
 def test_a_budget_decides_how_many_more(built, monkeypatch):

@@ -115,6 +115,17 @@ EF_CAP = 4096
 # more recall at recall=0.99; docs/benchmarks.md, "Real text at 117k").
 SATURATED = max(PROMISED) + 0.005
 FLAT = 0.002
+# Beams wider than one whose recall at the probe reached HALF_PAST are
+# measured on the first half of the queries alone. They serve the targets
+# above the default, and a recall's binomial error goes as p(1 - p) / n:
+# at 0.975 or more, half the queries estimate it as closely as all of them
+# do 0.95 (0.0244 / 1,000 neighbours against 0.0475 / 2,000). These are the
+# widest, dearest beams: clustered-100k-256 under ip climbs to ef 653-923,
+# and its first 200 queries took 5.8-5.9% of the build with every beam on
+# all of them, 4.2-4.3% with these on half; over 90 builds at 100k the
+# largest share fell from 5.9% to 4.8%, recall= as close as before
+# (benchmarks/default_margin.py --queries lib,whole).
+HALF_PAST = 0.975
 REFINED_PROBE = 2
 # What one shortlisted row costs, in code distances of the graph search:
 # one 4 KiB O_DIRECT read (3.4 us of CPU, docs/benchmarks.md "I/O probe")
@@ -198,7 +209,7 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
             n - first, math.ceil(first * ((worst / STDERR_BOUND) ** 2 - 1)))
     if more > 0:
         rest = part(first, first + more, truth_of(first, first + more, k))
-        extra = _ladder(core, rest, k, threads, lens, len(lens) - 1, [r.ef for r in rows])
+        extra = _ladder(core, rest, k, threads, lens, len(lens) - 1, rows)
         cal = _table(core, [a.pooled(b) for a, b in zip(rows, extra)], k, lens, source,
                      first + more)
     if depth is not None:
@@ -288,13 +299,27 @@ class _Part:
         self.truth = np.ascontiguousarray(truth, np.int64).ravel()
         self.hidden = None if hidden is None else np.ascontiguousarray(hidden, np.int64)
 
+    def split(self):
+        """The first half of the queries (rounded up) and the rest, as parts."""
+        n = self.queries.shape[0]
+        h, k = (n + 1) // 2, self.truth.shape[0] // max(n, 1)
+        halves = []
+        for lo, hi in ((0, h), (h, n)):
+            p = _Part(self.queries[lo:hi], self.truth[lo * k:hi * k],
+                      None if self.hidden is None else self.hidden[lo:hi])
+            if self.half_truth is not None:
+                p.half_ids, p.half_truth = self.half_ids, self.half_truth[lo * k:hi * k]
+            halves.append(p)
+        return halves
+
 
 class _Beam:
     """One beam's sweep: recall and per-query spread at each shortlist
     length, code distances and refinements per query, queries counted."""
 
-    def __init__(self, ef, recall, spread, scored, refined, used, half=None):
+    def __init__(self, ef, recall, spread, scored, refined, used, half=None, whole=True):
         self.ef, self.scored, self.refined, self.used = ef, scored, refined, used
+        self.whole = whole  # False: measured on the first half of the queries alone
         self.half = None if half is None else np.asarray(half, np.float64)
         self.recall = np.asarray(recall, np.float64)
         self.spread = np.asarray(spread, np.float64)
@@ -302,7 +327,7 @@ class _Beam:
     def first(self, m):
         """The first m shortlist lengths."""
         return _Beam(self.ef, self.recall[:m], self.spread[:m], self.scored, self.refined,
-                     self.used, None if self.half is None else self.half[:m])
+                     self.used, None if self.half is None else self.half[:m], self.whole)
 
     def pooled(self, other):
         """The sweep of both query sets together."""
@@ -313,38 +338,49 @@ class _Beam:
         mean = w0 * self.recall + w1 * other.recall
         square = (w0 * (self.spread ** 2 + self.recall ** 2)
                   + w1 * (other.spread ** 2 + other.recall ** 2))
+        half = None if self.half is None or other.half is None else (
+            w0 * self.half + w1 * other.half)
         return _Beam(self.ef, mean, np.sqrt(np.maximum(square - mean ** 2, 0.0)),
                      w0 * self.scored + w1 * other.scored,
-                     w0 * self.refined + w1 * other.refined, n)
+                     w0 * self.refined + w1 * other.refined, n, half, self.whole)
 
 
 def _lengths(core, k, top):
     return np.asarray(lengths(k, core.info()["default_oversample"], top), np.int64)
 
 
-def _ladder(core, part, k, threads, lens, longest, efs=None):
+def _ladder(core, part, k, threads, lens, longest, beams=None):
     """The sweeps of a geometric ladder of beams, from k up while recall at
-    shortlist lens[longest] rises; efs given: those beams."""
+    shortlist lens[longest] rises (past HALF_PAST, on the first half of the
+    queries); beams given (the rows of such a ladder): the same beams,
+    each on as much of this part as it was measured on there."""
     info = core.info()
     cap = max(k, min(EF_CAP, info["count"]))
     probe = longest
     if "+" in info["quantization"]:
         probe = min(int(np.searchsorted(lens, REFINED_PROBE * k)), longest)
-    rows = []
-    ef = k if efs is None else efs[0]
+
+    def sweep(p, ef, whole=True):
+        return _Beam(ef, *core.recall_sweep(p.queries, p.hidden, p.truth, k, ef, lens, threads,
+                                            p.half_ids, p.half_truth), whole=whole)
+
+    halves = part.split()
+    if beams is not None:
+        return [sweep(part, b.ef) if b.whole else sweep(halves[0], b.ef, False)
+                for b in beams]
+    # Each beam is measured half by half while it is measured whole, so that
+    # the stop rule can compare the first half's recall across the switch.
+    rows, firsts = [], []
+    ef, whole = k, True
     while True:
-        rows.append(_Beam(ef, *core.recall_sweep(part.queries, part.hidden, part.truth, k, ef,
-                                                 lens, threads, part.half_ids,
-                                                 part.half_truth)))
-        if efs is not None:
-            if len(rows) == len(efs):
-                return rows
-            ef = efs[len(rows)]
-            continue
-        best = [r.recall[probe] for r in rows]
+        first = sweep(halves[0], ef, whole)
+        rows.append(first.pooled(sweep(halves[1], ef)) if whole else first)
+        firsts.append(first)
+        best = [r.recall[probe] for r in (rows if whole else firsts)]
         flat = len(best) >= 3 and best[-1] - best[-3] < FLAT and ef >= 4 * k
         if best[-1] >= SATURATED or flat or ef >= cap:
             return rows
+        whole = whole and rows[-1].recall[probe] < HALF_PAST
         ef = min(cap, max(ef + 1, round(ef * EF_STEP)))
 
 
@@ -361,6 +397,7 @@ def _table(core, rows, k, lens, source, queries):
         "stderr": [[round(float(s) / math.sqrt(max(r.used - 1, 1)), 5) for s in r.spread]
                    for r in rows],
         "scored": [round(r.scored, 1) for r in rows],
+        "beam_queries": [int(r.used) for r in rows],
     }
     refined = [round(r.refined, 1) for r in rows]
     if any(refined):  # refined codes: a key older builds ignore
