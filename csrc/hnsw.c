@@ -224,13 +224,33 @@ static inline int accepted(const struct kd_accept *a, uint32_t row)
     return !a || ((!a->deleted || !a->deleted[row]) && (!a->allowed || a->allowed[row]));
 }
 
-/* Offer an item to a bounded max-heap of the `cap` smallest. */
-static inline void keep_best(struct kd_heap_item *h, size_t *n, size_t cap, struct kd_heap_item it)
+static inline int closer(const struct kd_heap_item *x, const struct kd_heap_item *y)
 {
-    if (*n < cap)
-        heap_push(h, n, it, 1);
-    else if (it.dist < h[0].dist)
-        sift_down(h, *n, it, 1); /* the largest makes way */
+    return x->dist < y->dist || (x->dist == y->dist && x->row < y->row);
+}
+
+void kd_select_closest(struct kd_heap_item *a, size_t n, size_t m)
+{
+    size_t lo = 0, hi = n;
+    while (lo < m && m < hi && hi - lo > 1) {
+        struct kd_heap_item pivot = a[lo + (hi - lo) / 2], t;
+        size_t lt = lo, i = lo, gt = hi; /* [lo,lt) < pivot, [gt,hi) > pivot */
+        while (i < gt) {
+            if (closer(&a[i], &pivot)) {
+                t = a[lt], a[lt++] = a[i], a[i++] = t;
+            } else if (closer(&pivot, &a[i])) {
+                t = a[--gt], a[gt] = a[i], a[i] = t;
+            } else {
+                i++;
+            }
+        }
+        if (m <= lt)
+            hi = lt;
+        else if (m >= gt)
+            lo = gt;
+        else
+            break;
+    }
 }
 
 /* A distance's bits as an unsigned key in the same order (negatives too). */
@@ -283,6 +303,98 @@ static void sort_ascending(struct kd_heap_item *h, struct kd_heap_item *tmp, siz
         memcpy(h, from, n * sizeof *h);
 }
 
+/* The best `keep` of every node scored, gathered without a heap: an offer
+ * whose key is under the bound is appended, without a branch. When the next
+ * offers might not fit, the buffer is narrowed by a histogram of its keys to
+ * the buckets that hold its keep closest, and the bound tightens to their
+ * edge; the last narrowing and the sort pick the keep. A bounded heap's sift,
+ * whose branches are coin tosses, took a seventh of a search at 256
+ * dimensions with a shortlist of 120. The buffer holds pool_cap items, then
+ * as many as the sort's spare (kd_graph_search). */
+struct pool {
+    struct kd_heap_item *h;
+    size_t n, keep, cap;
+    uint64_t edge; /* keys from here on are out */
+};
+
+/* The buffer's room past keep: 7 * keep, at most POOL_SLACK (a beam at ef
+ * 54 scores about 850 nodes; the room spares most searches any narrowing
+ * before the last). */
+#define POOL_SLACK 8192
+
+static size_t pool_cap(size_t keep, uint32_t m0)
+{
+    return keep + (keep < POOL_SLACK / 7 ? 7 * keep : POOL_SLACK) + m0;
+}
+
+static struct pool pool_start(struct kd_search_scratch *s, size_t keep, uint32_t m0)
+{
+    struct pool p = {s->pool, 0, keep, pool_cap(keep, m0), UINT64_MAX};
+    return p;
+}
+
+static inline void pool_offer(struct pool *p, struct kd_heap_item it)
+{
+    p->h[p->n] = it;
+    p->n += order_key(it.dist) < p->edge;
+}
+
+/* Down to the buckets of keys that hold the keep closest; exact: to the keep
+ * closest themselves. */
+static void pool_trim(struct pool *p, int exact)
+{
+    struct kd_heap_item *h = p->h;
+    size_t n = p->n;
+    if (n <= p->keep)
+        return;
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t k = order_key(h[i].dist);
+        lo = k < lo ? k : lo;
+        hi = k > hi ? k : hi;
+    }
+    unsigned shift = 0;
+    while ((hi - lo) >> shift > 255)
+        shift++;
+    uint32_t count[256] = {0};
+    for (size_t i = 0; i < n; i++)
+        count[(order_key(h[i].dist) - lo) >> shift]++;
+    size_t b = 0, below = count[0];
+    while (below < p->keep)
+        below += count[++b];
+    uint64_t edge = (uint64_t)lo + ((uint64_t)(b + 1) << shift);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct kd_heap_item it = h[i];
+        h[m] = it;
+        m += order_key(it.dist) < edge;
+    }
+    p->n = m;
+    p->edge = edge < p->edge ? edge : p->edge;
+    if (exact && m > p->keep) {
+        kd_select_closest(h, m, p->keep);
+        p->n = p->keep;
+    }
+}
+
+/* Room for `more` offers. */
+static inline void pool_room(struct pool *p, size_t more)
+{
+    if (p->n + more <= p->cap)
+        return;
+    pool_trim(p, 0);
+    if (p->n + more > p->cap) /* keys alike: the histogram could not split them */
+        pool_trim(p, 1);
+}
+
+/* The keep closest, ascending, at p->h; spare: room for p->n more. */
+static size_t pool_sorted(struct pool *p, struct kd_heap_item *spare)
+{
+    pool_trim(p, 0);
+    sort_ascending(p->h, spare, p->n);
+    return p->n < p->keep ? p->n : p->keep;
+}
+
 /* The nodes of list[0..n) not seen yet, copied to rows and marked seen;
  * returns how many. */
 static inline uint32_t take_unseen(uint8_t *tags, uint8_t now, const uint32_t *list, uint32_t n,
@@ -315,9 +427,10 @@ static size_t search_layer_heaps(const struct kd_graph *g, struct kd_search_scra
     visited_next(v);
     if (accept && accept->hidden != KD_NONE)
         v->tags[accept->hidden] = v->now; /* never scored, never expanded */
-    size_t ncand = 0, nres = 0, npool = 0;
+    size_t ncand = 0, nres = 0;
     if (keep <= ef)
         keep = 0;
+    struct pool pool = pool_start(s, keep, g->m0);
     /* Entries arrive in s->res, which is about to become the result heap. */
     struct kd_heap_item tmp[64];
     size_t ne = nentry < 64 ? nentry : 64;
@@ -327,8 +440,10 @@ static size_t search_layer_heaps(const struct kd_graph *g, struct kd_search_scra
         heap_push(s->cand, &ncand, tmp[i], 0);
         if (accepted(accept, tmp[i].row)) {
             heap_push(s->res, &nres, tmp[i], 1);
-            if (keep)
-                keep_best(s->pool, &npool, keep, tmp[i]);
+            if (keep) {
+                pool_room(&pool, 1);
+                pool_offer(&pool, tmp[i]);
+            }
         }
     }
     size_t expanded = 0;
@@ -336,8 +451,10 @@ static size_t search_layer_heaps(const struct kd_graph *g, struct kd_search_scra
         struct kd_heap_item c = heap_pop(s->cand, &ncand, 0);
         if (nres >= ef && c.dist > s->res[0].dist)
             break;
-        if (early && expanded++ == early->after)
-            early->fn(early->arg, keep ? s->pool : s->res, keep ? npool : nres);
+        if (early && expanded++ == early->after) {
+            pool_trim(&pool, 1);
+            early->fn(early->arg, keep ? pool.h : s->res, keep ? pool.n : nres);
+        }
         uint32_t n = read_list(g, c.row, level, s->list, locked);
         if (ncand) /* the next list to expand, most likely */
             prefetch_list(g, s->cand[0].row, level, locked);
@@ -348,11 +465,13 @@ static size_t search_layer_heaps(const struct kd_graph *g, struct kd_search_scra
             prefetch(dctx, s->rows, m);
         dist(dctx, s->rows, m, s->dists);
         s->scored += m;
+        if (keep)
+            pool_room(&pool, m);
         for (uint32_t i = 0; i < m; i++) {
             struct kd_heap_item it = {s->dists[i], s->rows[i]};
             int ok = -1;
             if (keep && (ok = accepted(accept, it.row)))
-                keep_best(s->pool, &npool, keep, it);
+                pool_offer(&pool, it);
             if (nres < ef || it.dist < s->res[0].dist) {
                 if (cand_grow(s, ncand + 1))
                     return 0;
@@ -372,13 +491,15 @@ static size_t search_layer_heaps(const struct kd_graph *g, struct kd_search_scra
     }
     if (early)
         early->expansions = expanded;
-    /* The sort's spare: the pool's second half, or the candidates' heap
-     * (done with, and as large as the results'). */
-    struct kd_heap_item *out = keep ? s->pool : s->res;
-    size_t n = keep ? npool : nres;
-    sort_ascending(out, keep ? s->pool + keep : s->cand, n);
-    s->out = out;
-    return n;
+    if (keep) {
+        s->out = pool.h;
+        return pool_sorted(&pool, pool.h + pool.cap);
+    }
+    /* The sort's spare: the candidates' heap (done with, and as large as
+     * the results'). */
+    sort_ascending(s->res, s->cand, nres);
+    s->out = s->res;
+    return nres;
 }
 
 #define SORTED_BEAM_MAX 1024 /* ef 2048: 1.05x the heaps' time; 1024: equal */
@@ -427,16 +548,19 @@ static size_t search_layer_sorted(const struct kd_graph *g, struct kd_search_scr
         tags[hidden] = now; /* never scored, never expanded */
     if (keep <= ef)
         keep = 0;
+    struct pool pool = pool_start(s, keep, g->m0);
     struct kd_heap_item *res = s->res, tmp[64];
     uint8_t *done = s->done;
-    size_t nres = 0, npool = 0, ne = nentry < 64 ? nentry : 64;
+    size_t nres = 0, ne = nentry < 64 ? nentry : 64;
     memcpy(tmp, res, ne * sizeof *tmp); /* the entries arrive where the results go */
     for (size_t i = 0; i < ne; i++) {
         tags[tmp[i].row] = now;
         if (nres < ef || tmp[i].dist < res[nres - 1].dist)
             sorted_insert(res, done, &nres, ef, tmp[i]);
-        if (keep)
-            keep_best(s->pool, &npool, keep, tmp[i]);
+        if (keep) {
+            pool_room(&pool, 1);
+            pool_offer(&pool, tmp[i]);
+        }
     }
     uint32_t *rows = s->rows, *list = s->list;
     float *dists = s->dists;
@@ -446,8 +570,10 @@ static size_t search_layer_sorted(const struct kd_graph *g, struct kd_search_scr
         done[next] = 1;
         while (next < nres && done[next])
             next++;
-        if (early && expanded++ == early->after)
-            early->fn(early->arg, keep ? s->pool : res, keep ? npool : nres);
+        if (early && expanded++ == early->after) {
+            pool_trim(&pool, 1);
+            early->fn(early->arg, keep ? pool.h : res, keep ? pool.n : nres);
+        }
         uint32_t n = read_list(g, c.row, level, list, locked);
         if (next < nres) /* the next list to expand, most likely */
             prefetch_list(g, res[next].row, level, locked);
@@ -458,10 +584,12 @@ static size_t search_layer_sorted(const struct kd_graph *g, struct kd_search_scr
             prefetch(dctx, rows, m);
         dist(dctx, rows, m, dists);
         s->scored += m;
+        if (keep)
+            pool_room(&pool, m);
         for (uint32_t i = 0; i < m; i++) {
             struct kd_heap_item it = {dists[i], rows[i]};
             if (keep)
-                keep_best(s->pool, &npool, keep, it);
+                pool_offer(&pool, it);
             if (nres < ef || it.dist < res[nres - 1].dist) {
                 size_t at = sorted_insert(res, done, &nres, ef, it);
                 next = at < next ? at : next;
@@ -472,9 +600,8 @@ static size_t search_layer_sorted(const struct kd_graph *g, struct kd_search_scr
     if (early)
         early->expansions = expanded;
     if (keep) {
-        sort_ascending(s->pool, s->pool + keep, npool);
-        s->out = s->pool;
-        return npool;
+        s->out = pool.h;
+        return pool_sorted(&pool, pool.h + pool.cap);
     }
     s->out = res;
     return nres;
@@ -526,12 +653,13 @@ size_t kd_graph_search(const struct kd_graph *g, struct kd_search_scratch *s, si
 {
     if (g->entry == KD_NONE)
         return 0;
-    if (2 * keep > s->pool_cap) { /* the second half: the sort's spare */
-        struct kd_heap_item *p = realloc(s->pool, 2 * keep * sizeof *p);
+    size_t pool = 2 * pool_cap(keep, g->m0); /* struct pool, and the sort's spare */
+    if (keep && pool > s->pool_cap) {
+        struct kd_heap_item *p = realloc(s->pool, pool * sizeof *p);
         if (!p)
             return 0;
         s->pool = p;
-        s->pool_cap = 2 * keep;
+        s->pool_cap = pool;
     }
     descend(g, s, g->entry, g->max_level, 0, dist, dctx, 0, accept ? accept->hidden : KD_NONE);
     return search_layer(g, s, 0, ef, 1, dist, dctx, accept, 0, keep, prefetch, early);

@@ -41,6 +41,12 @@ struct kd_heap_item {
     uint32_t row;
 };
 
+/* Move the m closest of a[0..n) to a[0..m), in no particular order
+ * (quickselect: the early reads' waves and a refined shortlist need the set,
+ * and a sort of an ef-sized beam three times a query is not free). Ties go
+ * by row; rows are distinct. */
+void kd_select_closest(struct kd_heap_item *a, size_t n, size_t m);
+
 /* Per-thread search scratch. */
 struct kd_visited {
     uint8_t *tags; /* one byte a node: half the cache of a 16-bit tag */
@@ -53,7 +59,7 @@ struct kd_search_scratch {
     struct kd_heap_item *cand, *res;
     uint8_t *done; /* heap_cap marks: which of res a sorted beam expanded */
     size_t heap_cap;
-    struct kd_heap_item *pool; /* best `keep` of all nodes scored, then a spare */
+    struct kd_heap_item *pool; /* the best `keep` of all nodes scored (hnsw.c, struct pool) */
     size_t pool_cap;
     const struct kd_heap_item *out; /* results of the last search */
     uint32_t *rows;

@@ -315,38 +315,6 @@ static size_t early_after(const struct early_job *j)
                : SIZE_MAX;
 }
 
-static inline int closer(const struct kd_heap_item *x, const struct kd_heap_item *y)
-{
-    return x->dist < y->dist || (x->dist == y->dist && x->row < y->row);
-}
-
-/* Move the m closest of a[0..n) to a[0..m), in no particular order
- * (quickselect: the waves need the set, and a sort of an ef-sized beam three
- * times a query is not free). Rows are distinct, so no two items tie. */
-static void select_closest(struct kd_heap_item *a, size_t n, size_t m)
-{
-    size_t lo = 0, hi = n;
-    while (lo < m && m < hi && hi - lo > 1) {
-        struct kd_heap_item pivot = a[lo + (hi - lo) / 2], t;
-        size_t lt = lo, i = lo, gt = hi; /* [lo,lt) < pivot, [gt,hi) > pivot */
-        while (i < gt) {
-            if (closer(&a[i], &pivot)) {
-                t = a[lt], a[lt++] = a[i], a[i++] = t;
-            } else if (closer(&pivot, &a[i])) {
-                t = a[--gt], a[gt] = a[i], a[i] = t;
-            } else {
-                i++;
-            }
-        }
-        if (m <= lt)
-            hi = lt;
-        else if (m >= gt)
-            lo = gt;
-        else
-            break;
-    }
-}
-
 static int read_early(const struct kd_search_ctx *c, uint32_t row)
 {
     return c->nearly && bsearch(&row, c->early_sorted, c->nearly, sizeof row, by_u32);
@@ -363,7 +331,7 @@ static void start_early_reads(void *arg, const struct kd_heap_item *best, size_t
     if (want > n)
         want = n;
     memcpy(c->pick, best, n * sizeof *best);
-    select_closest(c->pick, n, want);
+    kd_select_closest(c->pick, n, want);
     for (size_t i = 0; i < want && at + fresh < j->most; i++)
         if (!read_early(c, c->pick[i].row)) {
             c->rows[at + fresh] = c->pick[i].row;
@@ -454,7 +422,7 @@ static int refine_candidates(struct kd_index *ix, struct kd_search_ctx *c, struc
         res[i].dist = c->refine_dist[i];
     size_t sorted = m;
     if (L < m) {
-        select_closest(res, m, L);
+        kd_select_closest(res, m, L);
         sorted = L;
     }
     qsort(res, sorted, sizeof *res, by_estimate);

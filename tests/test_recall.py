@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import knndirect as kd
-from conftest import (METRICS, assert_rows_sorted, brute_force, clustered,
+from conftest import (METRICS, assert_rows_sorted, brute_force, clustered, is_descending,
                       recall_at_k, score_matrix, split)
 
 K = 10
@@ -87,6 +87,45 @@ def test_rerank_false_returns_estimates(case):
     assert_rows_sorted(D, metric)
     r = recall_at_k(I, gtI[:50])
     assert r >= 0.3, "rerank=False recall %.3f is no better than noise" % r
+
+
+def test_a_deep_shortlist_keeps_the_beams_best(case):
+    """A shortlist longer than the beam is the best of every node the beam
+    scored, by estimate: its head is the beam's own best (rerank=False gives
+    the same ids and estimates however deep the shortlist), and a deeper one
+    holds a shallower one, so its exact top k is never farther. ef 10 with
+    a shortlist of 20 narrows the gathered rows many times a search."""
+    metric, base, queries, index, gtD, gtI = case
+    q = queries[:100]
+    for ef in (10, 40):
+        D1, I1 = index.search(q, ef, ef=ef, oversample=1, rerank=False)
+        for oversample in (2, 8.5):
+            D, I = index.search(q, ef, ef=ef, oversample=oversample, rerank=False)
+            np.testing.assert_array_equal(I, I1)
+            np.testing.assert_array_equal(D, D1)
+        sign = -1.0 if is_descending(metric) else 1.0
+        shallow, _ = index.search(q, K, ef=ef, oversample=2)
+        deep, _ = index.search(q, K, ef=ef, oversample=8)
+        scale = max(1.0, float(np.abs(shallow).max()))
+        assert (sign * deep <= sign * shallow + 1e-5 * scale).all()
+
+
+def test_a_deep_shortlist_over_identical_vectors():
+    """Thousands of rows with the same estimate cannot be split by their
+    keys: the shortlist still holds distinct rows, the nearest (exact copies
+    of the query) first."""
+    rng = np.random.default_rng(5)
+    copy = rng.standard_normal(32).astype(np.float32)
+    base = np.vstack([np.tile(copy, (3000, 1)),
+                      rng.standard_normal((2000, 32)).astype(np.float32)])
+    index = kd.Index(32, "l2")
+    index.add(base, threads=1)
+    for rerank in (True, False):
+        D, I = index.search(copy, K, ef=K, oversample=4, rerank=rerank)
+        assert len(set(I.tolist())) == K and (I < 3000).all()
+        if rerank:
+            assert (D == 0).all()
+    index.close()
 
 
 @pytest.mark.parametrize("quantization", ["4bit", "8bit"])
