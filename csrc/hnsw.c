@@ -308,8 +308,8 @@ static void sort_ascending(struct kd_heap_item *h, struct kd_heap_item *tmp, siz
  * offers might not fit, the buffer is narrowed by a histogram of its keys to
  * the buckets that hold its keep closest, and the bound tightens to their
  * edge; the last narrowing and the sort pick the keep. A bounded heap's sift,
- * whose branches are coin tosses, took a seventh of a search at 256
- * dimensions with a shortlist of 120. The buffer holds pool_cap items, then
+ * whose branches are coin tosses, took 13% of a search at 256 dimensions
+ * with a shortlist of 120. The buffer holds pool_cap items, then
  * as many as the sort's spare (kd_graph_search). */
 struct pool {
     struct kd_heap_item *h;
