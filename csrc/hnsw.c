@@ -8,6 +8,9 @@
 
 /* ---- scratch */
 
+/* Words of the marks of n beam places (hnsw.h, done). */
+static size_t marks_words(size_t n) { return n / 64 + 1; }
+
 int kd_scratch_reserve(struct kd_search_scratch *s, uint64_t nodes, size_t ef, uint32_t m0)
 {
     if (nodes > s->visited.cap) {
@@ -30,7 +33,7 @@ int kd_scratch_reserve(struct kd_search_scratch *s, uint64_t nodes, size_t ef, u
         struct kd_heap_item *r = realloc(s->res, need * sizeof *r);
         if (r)
             s->res = r;
-        uint8_t *d = realloc(s->done, need);
+        uint64_t *d = realloc(s->done, marks_words(need) * sizeof *d);
         if (d)
             s->done = d;
         if (!c || !r || !d)
@@ -122,7 +125,7 @@ static int cand_grow(struct kd_search_scratch *s, size_t n)
     size_t cap = s->heap_cap * 2;
     struct kd_heap_item *c = realloc(s->cand, cap * sizeof *c);
     struct kd_heap_item *r = c ? realloc(s->res, cap * sizeof *r) : NULL;
-    uint8_t *d = r ? realloc(s->done, cap) : NULL;
+    uint64_t *d = r ? realloc(s->done, marks_words(cap) * sizeof *d) : NULL;
     if (c)
         s->cand = c;
     if (r)
@@ -504,9 +507,34 @@ static size_t search_layer_heaps(const struct kd_graph *g, struct kd_search_scra
 
 #define SORTED_BEAM_MAX 1024 /* ef 2048: 1.05x the heaps' time; 1024: equal */
 
+/* Mark `at` of the marks w[0..n) (n >= 1 after) cleared, the marks from at
+ * up moved one place along: the words of a beam of 64 or fewer are one. */
+static inline void marks_insert(uint64_t *w, size_t at, size_t n)
+{
+    size_t a = at / 64;
+    for (size_t i = (n - 1) / 64; i > a; i--)
+        w[i] = (w[i] << 1) | (w[i - 1] >> 63);
+    uint64_t low = (UINT64_C(1) << (at % 64)) - 1;
+    w[a] = (w[a] & low) | ((w[a] & ~low) << 1);
+}
+
+/* The first unmarked of from..n, or n. */
+static inline size_t first_unmarked(const uint64_t *w, size_t from, size_t n)
+{
+    while (from < n) {
+        uint64_t open = ~w[from / 64] >> (from % 64);
+        if (open) {
+            from += (size_t)__builtin_ctzll(open);
+            return from < n ? from : n;
+        }
+        from = (from / 64 + 1) * 64;
+    }
+    return n;
+}
+
 /* Put it in the ascending r[0..*n) of at most cap (cap >= 1, and it beats
  * r[cap - 1] when full), unexpanded, after any equal; returns its place. */
-static inline size_t sorted_insert(struct kd_heap_item *r, uint8_t *done, size_t *n, size_t cap,
+static inline size_t sorted_insert(struct kd_heap_item *r, uint64_t *done, size_t *n, size_t cap,
                                    struct kd_heap_item it)
 {
     /* Branch-free halving: which half holds the place is a coin toss. */
@@ -520,11 +548,10 @@ static inline size_t sorted_insert(struct kd_heap_item *r, uint8_t *done, size_t
     size_t lo = (size_t)(base - r) + (len == 1 && base->dist <= it.dist);
     size_t moved = (*n < cap ? *n : cap - 1) - lo;
     memmove(r + lo + 1, r + lo, moved * sizeof *r);
-    memmove(done + lo + 1, done + lo, moved);
     r[lo] = it;
-    done[lo] = 0;
     if (*n < cap)
         (*n)++;
+    marks_insert(done, lo, *n);
     return lo;
 }
 
@@ -550,7 +577,7 @@ static size_t search_layer_sorted(const struct kd_graph *g, struct kd_search_scr
         keep = 0;
     struct pool pool = pool_start(s, keep, g->m0);
     struct kd_heap_item *res = s->res, tmp[64];
-    uint8_t *done = s->done;
+    uint64_t *done = s->done;
     size_t nres = 0, ne = nentry < 64 ? nentry : 64;
     memcpy(tmp, res, ne * sizeof *tmp); /* the entries arrive where the results go */
     for (size_t i = 0; i < ne; i++) {
@@ -567,9 +594,8 @@ static size_t search_layer_sorted(const struct kd_graph *g, struct kd_search_scr
     size_t expanded = 0, next = 0;
     while (next < nres) {
         struct kd_heap_item c = res[next];
-        done[next] = 1;
-        while (next < nres && done[next])
-            next++;
+        done[next / 64] |= UINT64_C(1) << (next % 64);
+        next = first_unmarked(done, next, nres);
         if (early && expanded++ == early->after) {
             pool_trim(&pool, 1);
             early->fn(early->arg, keep ? pool.h : res, keep ? pool.n : nres);

@@ -57,7 +57,7 @@ struct kd_visited {
 struct kd_search_scratch {
     struct kd_visited visited;
     struct kd_heap_item *cand, *res;
-    uint8_t *done; /* heap_cap marks: which of res a sorted beam expanded */
+    uint64_t *done; /* heap_cap bits: which of res a sorted beam expanded */
     size_t heap_cap;
     struct kd_heap_item *pool; /* the best `keep` of all nodes scored (hnsw.c, struct pool) */
     size_t pool_cap;
