@@ -18,8 +18,9 @@
  *     leaves it in the page cache) or with O_DIRECT (which does not).
  *
  * Versions: a file carries the lowest version that holds what it contains
- * (4 for 1-bit codes, whose tails it shortened, refined or not; 2 for scalar
- * codes; 3 added refined codes, section 10), so that a build that cannot
+ * (4 for 1-bit codes, whose tails it shortened, refined or not; 5 for 1-bit
+ * codes of fewer than 512 dimensions, which it padded to 512 bits; 2 for
+ * scalar codes; 3 added refined codes, section 10), so that a build that cannot
  * read a file says so by its version. A reader accepts
  * KD_FORMAT_MIN_VERSION..KD_FORMAT_VERSION; a newer file is refused with a
  * message naming both versions. Bumping the version means keeping a reader
@@ -38,7 +39,7 @@
 
 #include "storage.h"
 
-#define KD_FORMAT_VERSION 4
+#define KD_FORMAT_VERSION 5
 #define KD_FORMAT_MIN_VERSION 1
 #define KD_FORMAT_PLAIN 2 /* the version of a file with scalar codes */
 #define KD_BLOCK 4096u

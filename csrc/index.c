@@ -22,7 +22,7 @@ uint32_t kd_record_stride_for(uint32_t dim)
     return s;
 }
 
-double kd_default_oversample(int quantization, uint32_t dim)
+double kd_default_oversample(int quantization, uint32_t pdim)
 {
     if (quantization == KD_Q_8BIT)
         return 2.0;
@@ -31,7 +31,6 @@ double kd_default_oversample(int quantization, uint32_t dim)
     /* 1-bit estimates carry one bit per dimension: the fewer dimensions, the
      * noisier the ranking and the deeper the shortlist must go (measured:
      * docs/benchmarks.md, 'Design figures'). */
-    uint32_t pdim = kd_quant_padded_dim(dim);
     if (pdim <= 128)
         return 20.0;
     if (pdim <= 512)
@@ -133,8 +132,11 @@ int kd_index_create(struct kd_index **out, const struct kd_index_params *p)
     int err = kd_index_alloc(&ix, p);
     if (err)
         return err;
-    err = kd_quant_init(&ix->quant, kd_q_bits(p->quantization), kd_q_refine(p->quantization),
-                        p->dim, p->metric, 1, NULL, NULL, p->seed);
+    uint32_t bits = kd_q_bits(p->quantization);
+    err = kd_quant_init(&ix->quant, bits, kd_q_refine(p->quantization), p->dim,
+                        kd_quant_padded_dim(bits, kd_q_refine(p->quantization), p->dim,
+                                            KD_FORMAT_VERSION),
+                        p->metric, 1, NULL, NULL, p->seed);
     if (err) {
         kd_index_free(ix);
         return err;
@@ -1076,7 +1078,7 @@ void kd_index_info(struct kd_index *ix, struct kd_info *info)
     info->resident_bytes = resident_bytes(ix);
     if (ix->vio)
         kd_vecio_get_info(ix->vio, &info->io);
-    info->default_oversample = kd_default_oversample(ix->p.quantization, ix->p.dim);
+    info->default_oversample = kd_default_oversample(ix->p.quantization, ix->quant.pdim);
     info->default_ef = KD_DEFAULT_EF;
     pthread_rwlock_unlock(&ix->lock);
 }

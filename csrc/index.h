@@ -144,7 +144,7 @@ uint64_t kd_index_count(struct kd_index *ix);
  * kd_index_info does to count resident bytes). */
 uint32_t kd_index_dim(const struct kd_index *ix);
 
-double kd_default_oversample(int quantization, uint32_t dim);
+double kd_default_oversample(int quantization, uint32_t pdim);
 
 /* The recall calibration: bytes the core stores with the index and saves in
  * its file, without reading them (the Python layer encodes them). */

@@ -105,9 +105,13 @@ int kd_index_save(struct kd_index *ix, struct kd_writer *w)
         ix->calib_bytes,
     };
     uint64_t n = ix->count;
-    /* 1-bit codes (refined ones too) have the tail of format 4; scalar
-     * codes have none and read as version 2 always did. */
-    int err = kd_cw_begin(&cw, w, ix->quant.bits == 1 ? KD_FORMAT_VERSION : KD_FORMAT_PLAIN);
+    /* 1-bit codes (refined ones too) have the tail of format 4, and those
+     * padded to KD_CODE_BITS_MIN the width of format 5; scalar codes have
+     * neither and read as version 2 always did. */
+    uint32_t version = ix->quant.bits != 1                           ? KD_FORMAT_PLAIN
+                       : ix->quant.pdim > kd_round_up(ix->p.dim, 64) ? KD_FORMAT_WIDE_CODES
+                                                                     : KD_FORMAT_CODE_TAIL16;
+    int err = kd_cw_begin(&cw, w, version);
     if (!err)
         err = kd_cw_section_begin(&cw, KD_SEC_META);
     if (!err)
@@ -202,8 +206,11 @@ static int check_meta(const struct kd_meta *m, uint32_t version)
 {
     if (m->dim == 0 || m->dim > (1u << 20) || !kd_metric((int)m->metric) ||
         !kd_valid_quantization(m->quantization) || m->m < 2 || m->m > 256 || m->m0 != 2 * m->m ||
-        m->pdim != kd_quant_padded_dim(m->dim) ||
-        m->code_size != kd_quant_file_code_size(kd_q_bits((int)m->quantization), m->dim, version) ||
+        m->pdim != kd_quant_padded_dim(kd_q_bits((int)m->quantization),
+                                       kd_q_refine((int)m->quantization), m->dim, version) ||
+        m->code_size != kd_quant_file_code_size(kd_q_bits((int)m->quantization),
+                                                kd_q_refine((int)m->quantization), m->dim,
+                                                version) ||
         m->record_bytes != m->dim * 4 || m->record_stride < m->record_bytes ||
         m->record_stride > m->record_bytes + (1u << 24) || m->count >= UINT32_MAX ||
         m->live > m->count || m->max_level < -1 || m->max_level > KD_MAX_LEVEL ||
@@ -277,8 +284,8 @@ static int index_from_meta(struct kd_index **out, const struct kd_meta *m, const
     }
     memcpy(ranges, signs + kd_quant_signs_bytes(&probe), 2 * (size_t)m->dim * sizeof(float));
     if ((err = kd_quant_init(&ix->quant, kd_q_bits((int)m->quantization),
-                             kd_q_refine((int)m->quantization), m->dim, (int)m->metric, m->ncentres,
-                             centres, signs, 0))) {
+                             kd_q_refine((int)m->quantization), m->dim, m->pdim, (int)m->metric,
+                             m->ncentres, centres, signs, 0))) {
         free(ranges);
         kd_index_free(ix);
         return err;
@@ -303,7 +310,7 @@ static int index_from_meta(struct kd_index **out, const struct kd_meta *m, const
 /* Bytes of a row's refinement; 0 for codes without. */
 static uint32_t refine_size(const struct kd_meta *m)
 {
-    return kd_quant_refine_size(kd_q_refine((int)m->quantization), m->dim);
+    return kd_quant_refine_size(kd_q_refine((int)m->quantization), m->pdim);
 }
 
 /* Sections a file holds: eight, then the refinements and the calibration

@@ -10,26 +10,30 @@
 #include <immintrin.h>
 #endif
 
-uint32_t kd_quant_padded_dim(uint32_t dim) { return (uint32_t)kd_round_up(dim, 64); }
+/* A 1-bit estimate errs by about 1/sqrt(bits) of the distances it weighs:
+ * below 512 bits, the shortlist a recall needs grows faster than the codes
+ * cost (docs/design.md, "Codes of at least 512 bits"). */
+uint32_t kd_quant_padded_dim(uint32_t bits, uint32_t refine, uint32_t dim, uint32_t version)
+{
+    uint32_t p = (uint32_t)kd_round_up(dim, 64);
+    if (bits == 1 && !refine && version >= KD_FORMAT_WIDE_CODES && p < KD_CODE_BITS_MIN)
+        return KD_CODE_BITS_MIN;
+    return p;
+}
 
-uint32_t kd_quant_code_size(uint32_t bits, uint32_t dim)
+uint32_t kd_quant_file_code_size(uint32_t bits, uint32_t refine, uint32_t dim, uint32_t version)
 {
     if (bits != 1)
         return (dim * bits + 7) / 8;
-    return kd_quant_padded_dim(dim) / 8 + (uint32_t)sizeof(struct kd_code_tail);
-}
-
-uint32_t kd_quant_file_code_size(uint32_t bits, uint32_t dim, uint32_t version)
-{
-    if (bits != 1 || version >= KD_FORMAT_CODE_TAIL16)
-        return kd_quant_code_size(bits, dim);
-    return kd_quant_padded_dim(dim) / 8 + KD_CODE_TAIL_V3;
+    uint32_t tail = version >= KD_FORMAT_CODE_TAIL16 ? (uint32_t)sizeof(struct kd_code_tail)
+                                                     : KD_CODE_TAIL_V3;
+    return kd_quant_padded_dim(bits, refine, dim, version) / 8 + tail;
 }
 
 void kd_quant_codes_from_file(const struct kd_quant *q, uint32_t version, const uint8_t *from,
                               uint8_t *to, uint64_t n)
 {
-    uint32_t in = kd_quant_file_code_size(q->bits, q->dim, version), bits = q->pdim / 8;
+    uint32_t in = kd_quant_file_code_size(q->bits, q->refine, q->dim, version), bits = q->pdim / 8;
     for (uint64_t i = 0; i < n; i++, from += in, to += q->code_size) {
         float f[4]; /* scale, |o-c|^2, <o-c, c>, shift */
         struct kd_code_tail t;
@@ -44,11 +48,11 @@ void kd_quant_codes_from_file(const struct kd_quant *q, uint32_t version, const 
     }
 }
 
-uint32_t kd_quant_refine_size(uint32_t refine, uint32_t dim)
+uint32_t kd_quant_refine_size(uint32_t refine, uint32_t pdim)
 {
     if (!refine)
         return 0;
-    return (uint32_t)sizeof(struct kd_refine_head) + kd_quant_padded_dim(dim) * refine / 8;
+    return (uint32_t)sizeof(struct kd_refine_head) + pdim * refine / 8;
 }
 
 static uint64_t splitmix64(uint64_t *s)
@@ -110,8 +114,9 @@ static int alloc_centres(struct kd_quant *q, uint32_t C)
     return 0;
 }
 
-int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t refine, uint32_t dim, int metric,
-                  uint32_t ncentres, const float *centres, const uint8_t *signs, uint64_t seed)
+int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t refine, uint32_t dim, uint32_t pdim,
+                  int metric, uint32_t ncentres, const float *centres, const uint8_t *signs,
+                  uint64_t seed)
 {
     memset(q, 0, sizeof *q);
     if (bits != 1 && bits != 4 && bits != 8)
@@ -120,12 +125,16 @@ int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t refine, uint32_t d
         return kd_fail(-EINVAL, "unsupported refinement of %u bits on %u-bit codes", refine, bits);
     if (ncentres < 1 || ncentres > KD_MAX_CENTRES)
         return kd_fail(-EINVAL, "bad number of quantizer centres %u", ncentres);
+    if (pdim != kd_quant_padded_dim(bits, refine, dim, KD_FORMAT_CODE_TAIL16) &&
+        pdim != kd_quant_padded_dim(bits, refine, dim, KD_FORMAT_WIDE_CODES))
+        return kd_fail(-EINVAL, "bad rotated width %u for %u dimensions", pdim, dim);
     q->bits = bits;
     q->dim = dim;
-    q->pdim = kd_quant_padded_dim(dim);
-    q->code_size = kd_quant_code_size(bits, dim);
+    q->pdim = pdim;
+    q->code_size = bits == 1 ? pdim / 8 + (uint32_t)sizeof(struct kd_code_tail)
+                             : (dim * bits + 7) / 8;
     q->refine = refine;
-    q->refine_size = kd_quant_refine_size(refine, dim);
+    q->refine_size = kd_quant_refine_size(refine, pdim);
     q->metric = metric;
     q->mean = calloc(dim, sizeof(float));
     q->signs = malloc(kd_quant_signs_bytes(q));
@@ -297,8 +306,8 @@ void kd_quant_set_ranges(struct kd_quant *q, const float *lo, const float *step)
 
 int kd_quant_copy(struct kd_quant *dst, const struct kd_quant *src)
 {
-    int err = kd_quant_init(dst, src->bits, src->refine, src->dim, src->metric, src->ncentres,
-                            src->centres, src->signs, 0);
+    int err = kd_quant_init(dst, src->bits, src->refine, src->dim, src->pdim, src->metric,
+                            src->ncentres, src->centres, src->signs, 0);
     if (!err)
         kd_quant_set_ranges(dst, src->sq_lo, src->sq_step);
     return err;
@@ -307,7 +316,7 @@ int kd_quant_copy(struct kd_quant *dst, const struct kd_quant *src)
 int kd_quant_equal(const struct kd_quant *a, const struct kd_quant *b)
 {
     size_t d = a->dim;
-    return a->bits == b->bits && a->refine == b->refine && a->dim == b->dim &&
+    return a->bits == b->bits && a->refine == b->refine && a->dim == b->dim && a->pdim == b->pdim &&
            a->metric == b->metric && a->ncentres == b->ncentres &&
            !memcmp(a->centres, b->centres, (size_t)a->ncentres * d * sizeof(float)) &&
            !memcmp(a->signs, b->signs, kd_quant_signs_bytes(a)) &&
@@ -1156,7 +1165,7 @@ static int time_variants(uint32_t pdim, double ns[NVARIANTS])
     struct kd_qcode qc = {0};
     uint8_t *codes = NULL;
     float *x = NULL;
-    int err = kd_quant_init(&q, 1, 0, pdim, KD_L2, 1, NULL, NULL, 1);
+    int err = kd_quant_init(&q, 1, 0, pdim, pdim, KD_L2, 1, NULL, NULL, 1);
     if (err)
         return err;
     if ((err = kd_qcode_alloc(&qc, &q)))
@@ -1226,9 +1235,9 @@ static size_t pick_variant(uint32_t pdim)
     return widest;
 }
 
-const char *kd_estimator_variant(uint32_t dim)
+const char *kd_estimator_variant(uint32_t pdim)
 {
-    uint32_t pdim = kd_quant_padded_dim(dim), words = pdim / 64;
+    uint32_t words = pdim / 64;
     size_t v;
     if (words < PICK_WIDTHS && (v = __atomic_load_n(&picked[words], __ATOMIC_RELAXED)))
         return v > NVARIANTS ? "scalar" : widest_first[v - 1];
@@ -1248,5 +1257,5 @@ kd_estimate_fn kd_estimator(const struct kd_quant *q)
 #endif
         return q->bits == 8 ? estimate_sq8 : estimate_sq4;
     }
-    return kd_estimator_named(kd_estimator_variant(q->dim));
+    return kd_estimator_named(kd_estimator_variant(q->pdim));
 }

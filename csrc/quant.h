@@ -54,6 +54,10 @@ _Static_assert(offsetof(struct kd_code_tail, ones) == 12, "code tails are stored
 #define KD_CODE_TAIL_V3 20
 /* The first format with the 16-byte tail. */
 #define KD_FORMAT_CODE_TAIL16 4
+/* The first format whose 1-bit codes carry at least KD_CODE_BITS_MIN bits:
+ * a vector of fewer dimensions is padded with zeros before the rotation. */
+#define KD_FORMAT_WIDE_CODES 5
+#define KD_CODE_BITS_MIN 512u
 
 /* A refinement, kept apart from the codes so that the beam's codes stay
  * dense: this head, then pdim/2 bytes of levels, dimension 2i in the low
@@ -107,22 +111,27 @@ struct kd_qcode {
     float sq_const;
 };
 
-uint32_t kd_quant_padded_dim(uint32_t dim);
-/* Bytes a code and its refinement take (checked against files). */
-uint32_t kd_quant_code_size(uint32_t bits, uint32_t dim);
+/* The rotated width of bits-bit codes (refined by refine bits) of dim
+ * dimensions in files of the given format version (and in memory, at
+ * KD_FORMAT_VERSION): dim rounded up to a multiple of 64, and for 1-bit codes
+ * without refinements from format 5 on at least KD_CODE_BITS_MIN (a
+ * refinement has 4 bits a rotated dimension: padded, it would double). */
+uint32_t kd_quant_padded_dim(uint32_t bits, uint32_t refine, uint32_t dim, uint32_t version);
 /* Bytes a code takes in a file of the given format version. */
-uint32_t kd_quant_file_code_size(uint32_t bits, uint32_t dim, uint32_t version);
+uint32_t kd_quant_file_code_size(uint32_t bits, uint32_t refine, uint32_t dim, uint32_t version);
 /* n 1-bit codes of q as a file of a version before 4 stores them (from),
  * with the 20-byte tail, into q's layout (to, n * q->code_size bytes);
  * from == to is not allowed. Callers read files of q's own layout as is. */
 void kd_quant_codes_from_file(const struct kd_quant *q, uint32_t version, const uint8_t *from,
                               uint8_t *to, uint64_t n);
-uint32_t kd_quant_refine_size(uint32_t refine, uint32_t dim);
+uint32_t kd_quant_refine_size(uint32_t refine, uint32_t pdim);
 
 /* Set up a quantizer; centres NULL means one zero centre, signs NULL draws
- * the rotation from seed. refine: 0, or 4 with bits 1. */
-int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t refine, uint32_t dim, int metric,
-                  uint32_t ncentres, const float *centres, const uint8_t *signs, uint64_t seed);
+ * the rotation from seed. refine: 0, or 4 with bits 1. pdim: the rotated
+ * width, a multiple of 64 no less than dim (kd_quant_padded_dim). */
+int kd_quant_init(struct kd_quant *q, uint32_t bits, uint32_t refine, uint32_t dim, uint32_t pdim,
+                  int metric, uint32_t ncentres, const float *centres, const uint8_t *signs,
+                  uint64_t seed);
 /* Scalar-code ranges (dim floats each), when restoring a saved quantizer. */
 void kd_quant_set_ranges(struct kd_quant *q, const float *lo, const float *step);
 /* A deep copy of src (dst uninitialized), so that codes of both agree. */
@@ -174,10 +183,10 @@ kd_estimate_fn kd_estimator(const struct kd_quant *q);
 /* A named 1-bit variant, "scalar", "popcnt", "avx2" or "avx512" (with
  * VPOPCNTQ), or NULL where the CPU lacks it (tests). */
 kd_estimate_fn kd_estimator_named(const char *name);
-/* The name of the 1-bit variant kd_estimator picks for dim-dimensional
- * codes on this CPU: the widest within 5% of the fastest, timed once per
- * code width in the process. */
-const char *kd_estimator_variant(uint32_t dim);
+/* The name of the 1-bit variant kd_estimator picks for codes of pdim bits
+ * on this CPU: the widest within 5% of the fastest, timed once per code
+ * width in the process. */
+const char *kd_estimator_variant(uint32_t pdim);
 /* The estimate from the refinements of rows (refined: refine_size bytes a
  * row), with the codes' tails. */
 typedef void (*kd_refine_fn)(const struct kd_quant *q, const struct kd_qcode *qc,

@@ -205,7 +205,7 @@ static double growth(const struct kd_index *ix, const struct kd_search_params *s
 size_t kd_shortlist_size(const struct kd_index *ix, const struct kd_search_params *sp)
 {
     double os = sp->oversample > 0 ? sp->oversample
-                                   : kd_default_oversample(ix->p.quantization, ix->p.dim);
+                                   : kd_default_oversample(ix->p.quantization, ix->quant.pdim);
     double L = ceil((double)sp->k * os - 1e-9); /* k * (L / k) may land a hair above L */
     L = fmax(L, nearbyint(L * growth(ix, sp))); /* to the nearest row, as Python's round() */
     if (L < (double)sp->k)

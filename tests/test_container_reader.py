@@ -64,7 +64,9 @@ def test_layout_of_engine_files(saved):
     for src in (path, str(path), blob, bytearray(blob), memoryview(blob), io.BytesIO(blob)):
         layout = C.read_layout(src)
         assert layout.size == len(blob)
-        assert layout.version == (C.FORMAT_VERSION if one_bit else C.PLAIN_FORMAT_VERSION)
+        wide = one_bit and not refined and info["dim"] < 512
+        assert layout.version == (C.WIDE_FORMAT_VERSION if wide else C.NARROW_FORMAT_VERSION
+                                  if one_bit else C.PLAIN_FORMAT_VERSION)
         assert [s.name for s in layout] == names
         assert layout.tail.count == len(layout) == len(names)
     end = BLOCK

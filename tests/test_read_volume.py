@@ -182,10 +182,12 @@ def test_dim100_record_is_single_aligned_read(tmp_path):
 
 
 # The documented default oversample (docs/api.md): 1-bit codes 20 up to 128
-# padded dimensions (dims round up to 64), 10 up to 512, 8 above; 4-bit 5;
-# 8-bit 2. Literals, so a changed default cannot pass by being read back.
-DEFAULT_OVERSAMPLE = [("1bit", 64, 20), ("1bit", 128, 20), ("1bit", 129, 10),
-                      ("1bit", 512, 10), ("1bit", 513, 8), ("4bit", 128, 5), ("8bit", 128, 2)]
+# bits, 10 up to 512, 8 above (plain 1-bit codes have 512 bits at least, dims
+# round up to 64; refined ones keep dims rounded up); 4-bit 5; 8-bit 2.
+# Literals, so a changed default cannot pass by being read back.
+DEFAULT_OVERSAMPLE = [("1bit", 64, 10), ("1bit", 128, 10), ("1bit", 129, 10),
+                      ("1bit", 512, 10), ("1bit", 513, 8), ("1bit+4bit", 64, 20),
+                      ("1bit+4bit", 129, 10), ("4bit", 128, 5), ("8bit", 128, 2)]
 
 
 @pytest.mark.parametrize("quantization,dim,oversample", DEFAULT_OVERSAMPLE)

@@ -12,7 +12,7 @@ from knndirect import _container, _core
 from conftest import brute_force, open_quiet, recall_at_k, split
 
 K = 10
-DIM = 128
+DIM = 512  # both kinds of code have 512 bits: the same 1-bit codes
 N = 12000
 NQ = 300
 
@@ -142,10 +142,11 @@ def test_refinement_section(pair, tmp_path):
     refined.save(b)
     assert "refinements" not in _container.read_layout(a)
     # the lowest version that holds the file: older builds refuse it by
-    # version (format 4 shortened the 1-bit codes' tails, refined or not)
-    assert _container.read_layout(a).version == _container.FORMAT_VERSION == 4
-    assert _container.read_layout(b).version == _container.FORMAT_VERSION == 4
-    assert kd.features()["format_version"] == 4
+    # version (format 4 shortened the 1-bit codes' tails, refined or not;
+    # 5 padded narrower codes than these to 512 bits)
+    assert _container.read_layout(a).version == _container.NARROW_FORMAT_VERSION == 4
+    assert _container.read_layout(b).version == _container.NARROW_FORMAT_VERSION == 4
+    assert kd.features()["format_version"] == _container.FORMAT_VERSION == 5
     sec = _container.read_layout(b)["refinements"]
     assert sec.length == len(base) * (8 + DIM // 2)
     raw = np.frombuffer(_container.read_section(b, "refinements"), np.uint8)

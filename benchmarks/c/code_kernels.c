@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "buildcode.h"
+#include "format.h"
 #include "quant.h"
 
 #define BATCH 64
@@ -85,7 +86,9 @@ int main(int argc, char **argv)
     uint32_t dim = (uint32_t)atoi(argv[1]);
     size_t n = (size_t)atol(argv[2]);
     struct codes c;
-    if (dim < 2 || n < BATCH || kd_quant_init(&c.q, 1, 4, dim, KD_IP, 1, NULL, NULL, 7) ||
+    if (dim < 2 || n < BATCH ||
+        kd_quant_init(&c.q, 1, 4, dim, kd_quant_padded_dim(1, 4, dim, KD_FORMAT_VERSION), KD_IP, 1,
+                      NULL, NULL, 7) ||
         kd_qcode_alloc(&c.qc, &c.q))
         return 1;
     float *x = malloc(n * dim * sizeof(float)), *work = malloc(c.q.pdim * sizeof(float));
@@ -121,7 +124,7 @@ int main(int argc, char **argv)
                 printf("dim %u, %s rows, 8-bit %s: %.1f ns a row\n", dim, how, tiers[t],
                        ns_a_row(score_bcode, &c, n, scattered));
     }
-    printf("dim %u: the core picks the 1-bit %s estimator\n", dim, kd_estimator_variant(dim));
+    printf("dim %u: the core picks the 1-bit %s estimator\n", dim, kd_estimator_variant(c.q.pdim));
     free(x);
     free(work);
     free(c.codes);

@@ -101,7 +101,8 @@ static PyObject *mod_features(PyObject *mod, PyObject *unused)
     PUT("avx2", PyBool_FromLong(kd_cpu_has_avx2()));
     PUT("avx512", PyBool_FromLong(kd_cpu_has_avx512()));
     PUT("simd", PyUnicode_FromString(kd_kernels()->name));
-    PUT("estimate", PyUnicode_FromString(kd_estimator_variant(384)));
+    PUT("estimate", PyUnicode_FromString(
+                        kd_estimator_variant(kd_quant_padded_dim(1, 0, 384, KD_FORMAT_VERSION))));
     PUT("refine", PyUnicode_FromString(kd_refiner_variant()));
     PUT("format_version", PyLong_FromLong(KD_FORMAT_VERSION));
     PUT("min_format_version", PyLong_FromLong(KD_FORMAT_MIN_VERSION));

@@ -18,6 +18,7 @@
 #include "distance.h"
 #include "quant.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -79,7 +80,7 @@ static void refined_case(const struct kd_quant *q, const struct kd_qcode *qc, co
     free(got);
 }
 
-static void one_case(uint32_t dim, int metric, uint32_t refine)
+static void one_case(uint32_t dim, uint32_t pdim, int metric, uint32_t refine)
 {
     const size_t n = 600;
     const char *variants[] = {"popcnt", "avx2", "avx512"};
@@ -91,7 +92,7 @@ static void one_case(uint32_t dim, int metric, uint32_t refine)
         x[i] = uniform() + (float)(i / dim % 3); /* three loose clusters */
     for (uint32_t i = 0; i < dim; i++)
         query[i] = uniform() + 1.0f;
-    int err = kd_quant_init(&q, 1, refine, dim, metric, 1, NULL, NULL, 7);
+    int err = kd_quant_init(&q, 1, refine, dim, pdim, metric, 1, NULL, NULL, 7);
     CHECK(!err, "init dim %u: %d", dim, err);
     if (err)
         goto out_free;
@@ -153,14 +154,14 @@ out_free:
  * the nearest by a double-precision scan wherever that one is nearer by a
  * margin rounding cannot cross; encoding with the centre given writes the
  * same code. 40 centres: a full panel of 32 and a partial one. */
-static void nearest_case(uint32_t dim, int metric)
+static void nearest_case(uint32_t dim, uint32_t pdim, int metric)
 {
     const size_t n = 40 * 64 + 5, stride = dim + 3; /* rows not packed */
     struct kd_quant q;
     float *x = malloc(n * stride * sizeof(float)), *work = NULL;
     for (size_t i = 0; i < n * stride; i++)
         x[i] = uniform() + (float)(i / stride % 5);
-    int err = kd_quant_init(&q, 1, 0, dim, metric, 1, NULL, NULL, 3);
+    int err = kd_quant_init(&q, 1, 0, dim, pdim, metric, 1, NULL, NULL, 3);
     CHECK(!err, "init dim %u: %d", dim, err);
     if (err)
         goto out_free;
@@ -292,22 +293,38 @@ int main(void)
     /* Every width the popcnt variant unrolls (2, 4, 6, 8, 12, 16 words) and
      * some it loops over (1, 3, 13). */
     const uint32_t dims[] = {1, 17, 64, 100, 192, 256, 384, 512, 768, 769, 1024};
+    /* Both widths: format 4's (dim rounded up to 64), which files keep, and
+     * the padded one new codes take below 512 dims. */
+    const uint32_t versions[] = {KD_FORMAT_CODE_TAIL16, KD_FORMAT_WIDE_CODES};
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) {
-        for (uint32_t refine = 0; refine <= 4; refine += 4) {
-            one_case(dims[i], KD_L2, refine);
-            one_case(dims[i], KD_IP, refine);
+        for (size_t v = 0; v < 2; v++) {
+            for (uint32_t refine = 0; refine <= 4; refine += 4) {
+                uint32_t pdim = kd_quant_padded_dim(1, refine, dims[i], versions[v]);
+                if (v && pdim == kd_quant_padded_dim(1, refine, dims[i], versions[0]))
+                    continue;
+                one_case(dims[i], pdim, KD_L2, refine);
+                one_case(dims[i], pdim, KD_IP, refine);
+                if (!refine)
+                    nearest_case(dims[i], pdim, i % 2 ? KD_IP : KD_L2);
+            }
         }
     }
-    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
-        nearest_case(dims[i], i % 2 ? KD_IP : KD_L2);
+    CHECK(kd_quant_padded_dim(1, 0, 100, KD_FORMAT_WIDE_CODES) == 512 &&
+              kd_quant_padded_dim(1, 0, 100, KD_FORMAT_CODE_TAIL16) == 128 &&
+              kd_quant_padded_dim(4, 0, 100, KD_FORMAT_WIDE_CODES) == 128 &&
+              kd_quant_padded_dim(1, 4, 100, KD_FORMAT_WIDE_CODES) == 128 &&
+              kd_quant_padded_dim(1, 0, 769, KD_FORMAT_WIDE_CODES) == 832,
+          "padded widths");
+    struct kd_quant bad;
+    CHECK(kd_quant_init(&bad, 1, 0, 100, 256, KD_L2, 1, NULL, NULL, 1) == -EINVAL,
+          "a width neither format gives is refused");
     /* The timed pick: a variant this CPU has, the same on every call for a
-     * width, and shared by the dimensions that pad to one width. */
+     * width. */
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) {
-        const char *v = kd_estimator_variant(dims[i]);
-        CHECK(kd_estimator_named(v) != NULL, "dim %u picked %s", dims[i], v);
-        CHECK(strcmp(v, kd_estimator_variant(dims[i])) == 0, "dim %u: the pick changed", dims[i]);
-        CHECK(strcmp(v, kd_estimator_variant(kd_quant_padded_dim(dims[i]))) == 0,
-              "dim %u: its padded width picked another", dims[i]);
+        uint32_t pdim = kd_quant_padded_dim(1, 0, dims[i], KD_FORMAT_CODE_TAIL16);
+        const char *v = kd_estimator_variant(pdim);
+        CHECK(kd_estimator_named(v) != NULL, "width %u picked %s", pdim, v);
+        CHECK(strcmp(v, kd_estimator_variant(pdim)) == 0, "width %u: the pick changed", pdim);
     }
     CHECK(kd_estimator_named("no such variant") == NULL, "unknown name");
     CHECK(kd_refiner_named("no such variant") == NULL, "unknown name");
