@@ -19,7 +19,7 @@
  *
  * Versions: a file carries the lowest version that holds what it contains
  * (4 for 1-bit codes, whose tails it shortened, refined or not; 5 for 1-bit
- * codes of fewer than 512 dimensions, which it padded to 512 bits; 2 for
+ * codes of 256 dimensions or fewer, which it padded to 512 bits; 2 for
  * scalar codes; 3 added refined codes, section 10), so that a build that cannot
  * read a file says so by its version. A reader accepts
  * KD_FORMAT_MIN_VERSION..KD_FORMAT_VERSION; a newer file is refused with a

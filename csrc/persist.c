@@ -106,7 +106,7 @@ int kd_index_save(struct kd_index *ix, struct kd_writer *w)
     };
     uint64_t n = ix->count;
     /* 1-bit codes (refined ones too) have the tail of format 4, and those
-     * padded to KD_CODE_BITS_MIN the width of format 5; scalar codes have
+     * padded to KD_CODE_BITS_WIDE the width of format 5; scalar codes have
      * neither and read as version 2 always did. */
     uint32_t version = ix->quant.bits != 1                           ? KD_FORMAT_PLAIN
                        : ix->quant.pdim > kd_round_up(ix->p.dim, 64) ? KD_FORMAT_WIDE_CODES

@@ -11,13 +11,15 @@
 #endif
 
 /* A 1-bit estimate errs by about 1/sqrt(bits) of the distances it weighs:
- * below 512 bits, the shortlist a recall needs grows faster than the codes
- * cost (docs/design.md, "Codes of at least 512 bits"). */
+ * at 256 bits or fewer the shortlist a recall needs costs more than codes
+ * twice as wide; from 320 bits, padding to 512 buys less precision than
+ * its second cache line costs (docs/design.md, "Codes of 512 bits from 256
+ * dimensions down"). */
 uint32_t kd_quant_padded_dim(uint32_t bits, uint32_t refine, uint32_t dim, uint32_t version)
 {
     uint32_t p = (uint32_t)kd_round_up(dim, 64);
-    if (bits == 1 && !refine && version >= KD_FORMAT_WIDE_CODES && p < KD_CODE_BITS_MIN)
-        return KD_CODE_BITS_MIN;
+    if (bits == 1 && !refine && version >= KD_FORMAT_WIDE_CODES && 2 * p <= KD_CODE_BITS_WIDE)
+        return KD_CODE_BITS_WIDE;
     return p;
 }
 

@@ -54,10 +54,11 @@ _Static_assert(offsetof(struct kd_code_tail, ones) == 12, "code tails are stored
 #define KD_CODE_TAIL_V3 20
 /* The first format with the 16-byte tail. */
 #define KD_FORMAT_CODE_TAIL16 4
-/* The first format whose 1-bit codes carry at least KD_CODE_BITS_MIN bits:
- * a vector of fewer dimensions is padded with zeros before the rotation. */
+/* The first format whose 1-bit codes of 256 or fewer dimensions carry
+ * KD_CODE_BITS_WIDE bits: the vector is padded with zeros before the
+ * rotation. */
 #define KD_FORMAT_WIDE_CODES 5
-#define KD_CODE_BITS_MIN 512u
+#define KD_CODE_BITS_WIDE 512u
 
 /* A refinement, kept apart from the codes so that the beam's codes stay
  * dense: this head, then pdim/2 bytes of levels, dimension 2i in the low
@@ -114,8 +115,9 @@ struct kd_qcode {
 /* The rotated width of bits-bit codes (refined by refine bits) of dim
  * dimensions in files of the given format version (and in memory, at
  * KD_FORMAT_VERSION): dim rounded up to a multiple of 64, and for 1-bit codes
- * without refinements from format 5 on at least KD_CODE_BITS_MIN (a
- * refinement has 4 bits a rotated dimension: padded, it would double). */
+ * without refinements from format 5 on KD_CODE_BITS_WIDE where that is at
+ * least twice as wide (a refinement has 4 bits a rotated dimension: padded,
+ * it would double). */
 uint32_t kd_quant_padded_dim(uint32_t bits, uint32_t refine, uint32_t dim, uint32_t version);
 /* Bytes a code takes in a file of the given format version. */
 uint32_t kd_quant_file_code_size(uint32_t bits, uint32_t refine, uint32_t dim, uint32_t version);

@@ -1,6 +1,6 @@
-"""1-bit codes of at least 512 bits: a plain 1-bit index of fewer than 512
-dimensions pads each rotated vector with zeros to 512 before taking signs
-(format 5). Files of format 4 and before keep their narrower codes, and a
+"""1-bit codes of 512 bits from 256 dimensions down: a plain 1-bit index of
+256 dimensions or fewer pads each vector with zeros to 512 before the
+rotation and the signs (format 5). Files of format 4 and before keep their narrower codes, and a
 file whose width disagrees with its version is refused."""
 import struct
 
@@ -23,8 +23,8 @@ def _saved(index, tmp_path, name="i.kdx"):
 
 
 @pytest.mark.parametrize("dim, quantization, pdim, version", [
-    (24, "1bit", 512, 5), (100, "1bit", 512, 5), (448, "1bit", 512, 5),
-    (512, "1bit", 512, 4), (520, "1bit", 576, 4),
+    (24, "1bit", 512, 5), (100, "1bit", 512, 5), (256, "1bit", 512, 5),
+    (257, "1bit", 320, 4), (384, "1bit", 384, 4), (520, "1bit", 576, 4),
     (100, "1bit+4bit", 128, 4), (100, "4bit", 128, 2),
 ])
 def test_width_and_version(dim, quantization, pdim, version, tmp_path):

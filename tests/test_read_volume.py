@@ -182,7 +182,7 @@ def test_dim100_record_is_single_aligned_read(tmp_path):
 
 
 # The documented default oversample (docs/api.md): 1-bit codes 20 up to 128
-# bits, 10 up to 512, 8 above (plain 1-bit codes have 512 bits at least, dims
+# bits, 10 up to 512, 8 above (plain 1-bit codes of 256 dims or fewer have 512, dims
 # round up to 64; refined ones keep dims rounded up); 4-bit 5; 8-bit 2.
 # Literals, so a changed default cannot pass by being read back.
 DEFAULT_OVERSAMPLE = [("1bit", 64, 10), ("1bit", 128, 10), ("1bit", 129, 10),

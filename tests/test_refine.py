@@ -143,7 +143,7 @@ def test_refinement_section(pair, tmp_path):
     assert "refinements" not in _container.read_layout(a)
     # the lowest version that holds the file: older builds refuse it by
     # version (format 4 shortened the 1-bit codes' tails, refined or not;
-    # 5 padded narrower codes than these to 512 bits)
+    # 5 padded codes of 256 dims or fewer to 512 bits)
     assert _container.read_layout(a).version == _container.NARROW_FORMAT_VERSION == 4
     assert _container.read_layout(b).version == _container.NARROW_FORMAT_VERSION == 4
     assert kd.features()["format_version"] == _container.FORMAT_VERSION == 5

@@ -59,7 +59,7 @@ TAIL_CRC_AT = 12
 FORMAT_VERSION = 5          # the newest version this reader knows
 PLAIN_FORMAT_VERSION = 2    # what a file with scalar codes is written as
 NARROW_FORMAT_VERSION = 4   # 1-bit codes of dim rounded up to 64 bits
-WIDE_FORMAT_VERSION = 5     # 1-bit codes of fewer dims, padded to 512 bits
+WIDE_FORMAT_VERSION = 5     # 1-bit codes of 256 dims or fewer, padded to 512 bits
 MIN_FORMAT_VERSION = 1
 MAX_SECTIONS = 16
 

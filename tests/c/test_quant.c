@@ -294,7 +294,7 @@ int main(void)
      * some it loops over (1, 3, 13). */
     const uint32_t dims[] = {1, 17, 64, 100, 192, 256, 384, 512, 768, 769, 1024};
     /* Both widths: format 4's (dim rounded up to 64), which files keep, and
-     * the padded one new codes take below 512 dims. */
+     * the padded one new codes take from 256 dims down. */
     const uint32_t versions[] = {KD_FORMAT_CODE_TAIL16, KD_FORMAT_WIDE_CODES};
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) {
         for (size_t v = 0; v < 2; v++) {
@@ -313,6 +313,8 @@ int main(void)
               kd_quant_padded_dim(1, 0, 100, KD_FORMAT_CODE_TAIL16) == 128 &&
               kd_quant_padded_dim(4, 0, 100, KD_FORMAT_WIDE_CODES) == 128 &&
               kd_quant_padded_dim(1, 4, 100, KD_FORMAT_WIDE_CODES) == 128 &&
+              kd_quant_padded_dim(1, 0, 256, KD_FORMAT_WIDE_CODES) == 512 &&
+              kd_quant_padded_dim(1, 0, 257, KD_FORMAT_WIDE_CODES) == 320 &&
               kd_quant_padded_dim(1, 0, 769, KD_FORMAT_WIDE_CODES) == 832,
           "padded widths");
     struct kd_quant bad;

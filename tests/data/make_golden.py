@@ -8,7 +8,7 @@ existing golden file in place defeats the test, so a case whose file exists
 is skipped. A file is named by the version written into it: a build writes
 the lowest version that holds the file's content (4 for 1-bit codes, refined
 or not, since format 4 shortened their trailer; 5 for plain 1-bit codes of
-fewer than 512 dims, since format 5 pads them to 512 bits; 2 for scalar
+256 dims or fewer, since format 5 pads them to 512 bits; 2 for scalar
 codes), so a case can stay at an older version.
 
     python tests/data/make_golden.py            # writes golden_v<N>_*.{kdx,npz}
