@@ -30,7 +30,7 @@ def _index(dim, n, quant, metric="l2", remove=()):
 # below 4 KiB, whole blocks above it.
 CASES = [(1, 5, "1bit", "l2"), (7, 40, "4bit", "ip"), (100, 300, "8bit", "cosine"),
          (1024, 20, "1bit", "l2"), (1100, 12, "4bit", "l2"), (16, 0, "1bit", "l2"),
-         (200, 50, "1bit+4bit", "cosine")]
+         (200, 50, "1bit+4bit", "cosine"), (384, 30, "1bit", "ip")]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: "d%d-n%d-%s" % c[:3])
@@ -64,7 +64,7 @@ def test_layout_of_engine_files(saved):
     for src in (path, str(path), blob, bytearray(blob), memoryview(blob), io.BytesIO(blob)):
         layout = C.read_layout(src)
         assert layout.size == len(blob)
-        wide = one_bit and not refined and info["dim"] < 512
+        wide = one_bit and not refined and info["dim"] <= 256  # padded to 512 bits
         assert layout.version == (C.WIDE_FORMAT_VERSION if wide else C.NARROW_FORMAT_VERSION
                                   if one_bit else C.PLAIN_FORMAT_VERSION)
         assert [s.name for s in layout] == names
