@@ -108,9 +108,7 @@ int kd_index_save(struct kd_index *ix, struct kd_writer *w)
     /* 1-bit codes (refined ones too) have the tail of format 4, and those
      * padded to KD_CODE_BITS_WIDE the width of format 5; scalar codes have
      * neither and read as version 2 always did. */
-    uint32_t version = ix->quant.bits != 1                           ? KD_FORMAT_PLAIN
-                       : ix->quant.pdim > kd_round_up(ix->p.dim, 64) ? KD_FORMAT_WIDE_CODES
-                                                                     : KD_FORMAT_CODE_TAIL16;
+    uint32_t version = ix->quant.bits == 1 ? kd_quant_code_format(&ix->quant) : KD_FORMAT_PLAIN;
     int err = kd_cw_begin(&cw, w, version);
     if (!err)
         err = kd_cw_section_begin(&cw, KD_SEC_META);

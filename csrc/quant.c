@@ -23,6 +23,13 @@ uint32_t kd_quant_padded_dim(uint32_t bits, uint32_t refine, uint32_t dim, uint3
     return p;
 }
 
+uint32_t kd_quant_code_format(const struct kd_quant *q)
+{
+    return q->pdim == kd_quant_padded_dim(q->bits, q->refine, q->dim, KD_FORMAT_CODE_TAIL16)
+               ? KD_FORMAT_CODE_TAIL16
+               : KD_FORMAT_WIDE_CODES;
+}
+
 uint32_t kd_quant_file_code_size(uint32_t bits, uint32_t refine, uint32_t dim, uint32_t version)
 {
     if (bits != 1)

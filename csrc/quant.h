@@ -119,6 +119,9 @@ struct kd_qcode {
  * least twice as wide (a refinement has 4 bits a rotated dimension: padded,
  * it would double). */
 uint32_t kd_quant_padded_dim(uint32_t bits, uint32_t refine, uint32_t dim, uint32_t version);
+/* The lowest 1-bit code format that holds q's width: KD_FORMAT_WIDE_CODES
+ * where its codes are padded, else KD_FORMAT_CODE_TAIL16. */
+uint32_t kd_quant_code_format(const struct kd_quant *q);
 /* Bytes a code takes in a file of the given format version. */
 uint32_t kd_quant_file_code_size(uint32_t bits, uint32_t refine, uint32_t dim, uint32_t version);
 /* n 1-bit codes of q as a file of a version before 4 stores them (from),

@@ -5,6 +5,7 @@ real embedding data, where 1-bit codes without a rotation fail badly).
 Ground truth: `brute_force()` computes the exact top-k in float64 with numpy.
 """
 import os
+import struct
 import sys
 import threading
 import time
@@ -201,6 +202,17 @@ def same_bytes(a, b):
 # --------------------------------------------------------------------------
 # index helpers
 # --------------------------------------------------------------------------
+
+def with_version(blob, version):
+    """The index file claiming another format version, checksums fixed."""
+    from knndirect import _container
+    b = bytearray(blob)
+    h = _container.HEADER_BYTES
+    struct.pack_into("<I", b, 8, version)
+    struct.pack_into("<I", b, h - 4, _container.crc32c(bytes(b[:h - 4])))
+    struct.pack_into("<I", b, len(b) - 16, version)
+    return bytes(b)
+
 
 def build(base, metric="l2", ids=None, **kw):
     index = kd.Index(base.shape[1], metric, **kw)

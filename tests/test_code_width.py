@@ -2,15 +2,13 @@
 256 dimensions or fewer pads each vector with zeros to 512 before the
 rotation and the signs (format 5). Files of format 4 and before keep their narrower codes, and a
 file whose width disagrees with its version is refused."""
-import struct
-
 import numpy as np
 import pytest
 
 import knndirect as kd
 from knndirect import _container
 
-from conftest import brute_force, split
+from conftest import brute_force, split, with_version
 
 K = 10
 GOLDEN_NARROW = "tests/data/golden_v4_l2_1bit.kdx"
@@ -81,15 +79,6 @@ def test_wide_codes_recall_and_round_trip(tmp_path):
     assert got >= 0.95, got
 
 
-def _claiming(blob, version):
-    b = bytearray(blob)
-    struct.pack_into("<I", b, 8, version)
-    h = _container.HEADER_BYTES
-    struct.pack_into("<I", b, h - 4, _container.crc32c(bytes(b[:h - 4])))
-    struct.pack_into("<I", b, len(b) - 16, version)
-    return bytes(b)
-
-
 def test_a_width_unlike_the_version_is_refused(tmp_path):
     """Format 4 read 64-bit codes for 24 dims, format 5 reads 512: a file
     claiming the other version is inconsistent, not misread."""
@@ -101,5 +90,5 @@ def test_a_width_unlike_the_version_is_refused(tmp_path):
         narrow = f.read()
     for blob, version in ((wide, 4), (narrow, 5)):
         with pytest.raises(kd.CorruptIndexError, match="metadata"):
-            kd.load(_claiming(blob, version))
-    assert kd.load(_claiming(narrow, 4)).info()["code_size"] == 64 // 8 + 16
+            kd.load(with_version(blob, version))
+    assert kd.load(with_version(narrow, 4)).info()["code_size"] == 64 // 8 + 16

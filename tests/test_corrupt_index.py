@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import knndirect as kd
-from conftest import build, open_quiet, split
+from conftest import build, open_quiet, split, with_version
 from knndirect import _container as container
 
 BLOCK = container.BLOCK
@@ -32,15 +32,6 @@ def table(blob):
     """([(id, offset, length)], table offset) of a well-formed file."""
     layout = container.read_layout(blob)
     return [(s.id, s.offset, s.length) for s in layout], layout.table_offset
-
-
-def with_version(blob, version):
-    """The file claiming another format version, checksums fixed."""
-    b = bytearray(blob)
-    struct.pack_into("<I", b, 8, version)
-    struct.pack_into("<I", b, HEADER - 4, crc32c(bytes(b[:HEADER - 4])))
-    struct.pack_into("<I", b, len(b) - 16, version)
-    return bytes(b)
 
 
 def with_table(blob, fn):
