@@ -213,7 +213,8 @@ def run_child(spec, *, cgroup=None, snapshot=None, drop=False, timeout=None, scr
     shutil.rmtree(workdir, ignore_errors=True)
     if rc != 0 and "error" not in out:
         out["error"] = f"worker exited with {rc}"
-    out.update({"memory": mem, "capped": cgroup is not None, "cache_dropped": dropped,
+    out.update({"returncode": rc, "memory": mem, "capped": cgroup is not None,
+                "cache_dropped": dropped,
                 "wall_s": wall, "loadavg_start": load0, "loadavg_end": loadavg()})
     return out
 

@@ -18,13 +18,20 @@ first pass at each point) and the page cache is dropped (sync; echo 3 >
 batch of all queries per point with 2 threads, recall@10 against the exact
 ground truth (saved after each point, so a child stopped by --timeout keeps
 them); then the point with the highest QPS at recall >= 0.95 is measured
-again over 5 batches (the median). Needs root for the cgroup and the cache
+again over 5 batches (the median). A point whose batch runs past
+--point-timeout, or whose child the cap's OOM killer ends, is recorded as
+stopped there; a new child goes on with the points that turn no knob further
+than it, so one thrashing point does not end a system's sweep. --uncapped
+sweeps the named systems again with no limit: the most they give with all of
+RAM. Needs root for the cgroup and the cache
 drops; without it the figures are uncapped and warm, and the results say so.
 
 - knndirect-disk, knndirect-refined-disk: kd.open (graph and codes in RAM,
   float32 rows by O_DIRECT reads); the default search, then ef x oversample.
 - lancedb: a LanceDB table on disk with an IVF_PQ index (systems.LanceDB);
-  nprobes x refine_factor, LANCE_CPU_THREADS = 2, one multi-vector query.
+  nprobes x refine_factor, LANCE_CPU_THREADS = 2, multi-vector queries of at
+  most 100 (under a cap, fewer where their refine pools need it: LanceDB
+  holds a call's pools at once).
 - diskann: diskannpy's disk index (bench_disk's build and search: PQ codes
   and a node cache in RAM, graph and vectors on disk); L x beam width.
 
@@ -56,25 +63,32 @@ from systems import kd_points  # noqa: E402
 BUFFERS_MIB = 64
 THREADS = 2
 CONFIRM_PASSES = 5
-# knndirect's grids start with its default search (kd_points).
+# knndirect's grids start with its default search (kd_points). LanceDB's
+# grid: IVF_PQ's own order alone (refine 1) and then the float32 re-rank its
+# docs advise for PQ codes, each refine factor along nprobes.
 GRIDS = {
     "knndirect-disk": kd_points(K, (32, 48, 64, 96, 128, 192, 256, 384, 512),
                                 (2, 3, 4, 6, 8, 12)),
     "knndirect-refined-disk": kd_points(K, (32, 48, 64, 96, 128, 192, 256, 384),
                                         (1, 1.5, 2, 3)),
-    "lancedb": [{"nprobes": p, "refine_factor": r} for r in (1, 2, 5, 10, 20)
+    "lancedb": [{"nprobes": p, "refine_factor": r} for r in (1, 5, 10, 20, 50, 100)
                 for p in (5, 10, 20, 40, 80, 160)],
 }
-# The knob that widens the search along one row of a grid: a row stops once
-# its recall passes this (wider points only cost more).
+# The knob that stays fixed along one row of a grid: a row stops once its
+# recall passes ENOUGH (wider points only cost more).
 ROW_KEY = {"knndirect-disk": "oversample", "knndirect-refined-disk": "oversample",
            "lancedb": "refine_factor"}
 ENOUGH = 0.995
+# LanceDB's rows also stop once a step along nprobes gains less than this:
+# past the partitions that hold the neighbours, the re-rank's pool is the
+# limit and more probes only cost.
+SATURATED = {"lancedb": 0.002}
 
 
 def _cfg(spec):
     return {"metric": spec["metric"], "m": 16, "ef_construction": 200, "k": K,
-            "dim": spec["dim"], "n": spec["n"], "quick": False, "scratch": spec["scratch"]}
+            "dim": spec["dim"], "n": spec["n"], "quick": False, "scratch": spec["scratch"],
+            "memory_budget": spec.get("budget")}
 
 
 def _adapter(spec):
@@ -120,6 +134,59 @@ def best_at_target(points):
                default=None)
 
 
+def dominated(point, stopped):
+    """Whether point turns every knob at least as far as a point that was
+    stopped for taking too long (so it would take at least as long)."""
+    stopped = _knobs_of(stopped)
+    knobs = [k for k in stopped if k != "default" and stopped[k] is not None]
+    return bool(knobs) and not point.get("default") and all(
+        point.get(k) is not None and point[k] >= stopped[k] for k in knobs)
+
+
+def walk(name, measured, stopped):
+    """The points of a system's grid still to measure, in order, given those
+    measured and stopped so far (by this child or earlier ones)."""
+    row_key, gain = ROW_KEY[name], SATURATED.get(name)
+    done = {json.dumps(_knobs_of(p), sort_keys=True) for p in measured + stopped}
+    for point in GRIDS[name]:
+        if json.dumps(point, sort_keys=True) in done or any(dominated(point, s)
+                                                            for s in stopped):
+            continue
+        row = [p for p in measured if not p.get("default") and
+               p.get(row_key) == point.get(row_key)]
+        if not point.get("default") and row:
+            if max(p["recall"] for p in row) >= ENOUGH:
+                continue
+            if gain is not None and len(row) >= 2 and row[-1]["recall"] - row[-2]["recall"] < gain:
+                continue
+        yield point
+
+
+def _knobs_of(b):
+    return {k: v for k, v in b.items()
+            if k not in ("qps", "recall", "passes", "after_s", "killed")}
+
+
+def _watchdog(state, partial):
+    """Ends the child when one point has run past limit seconds: a system that
+    thrashes under its cap is stopped at that point, which is recorded, and
+    the parent goes on with the points that do not cost more."""
+    import threading
+
+    def run():
+        while True:
+            time.sleep(1)
+            cur = state.get("point")
+            limit = state.get("limit", 0)
+            if cur is not None and time.perf_counter() - state["t"] > limit:
+                out = dict(state["out"], stopped=dict(cur, after_s=limit))
+                with open(partial, "w") as f:
+                    json.dump(out, f)
+                print(f"  stopped at {cur}: over {limit:.0f} s", flush=True)
+                os._exit(3)
+    threading.Thread(target=run, daemon=True).start()
+
+
 def task_sweep(spec):
     """The knob sweep (one batch per point), then the best point at recall >=
     0.95 again over CONFIRM_PASSES batches."""
@@ -130,25 +197,29 @@ def task_sweep(spec):
     index = system.load(spec["dir"])
     out = {"open_s": time.perf_counter() - t, "points": []}
     out["info"] = system.info(index)
-    row_key, done_rows = ROW_KEY[spec["system"]], set()
-    for point in GRIDS[spec["system"]]:
-        if point.get(row_key) in done_rows:
-            continue
+    state = {"out": out, "point": None}
+    _watchdog(state, spec["partial"])
+    measured, stopped = spec.get("measured", []), spec.get("stopped", [])
+    for point in walk(spec["system"], measured, stopped):
+        state.update(point=point, t=time.perf_counter(), limit=spec["point_timeout"])
         b = batch_qps(lambda x, p=point: system.search(index, x, p, THREADS), q, gt,
                       min_s=0, passes=1)
+        state["point"] = None
         b.update(point)
         out["points"].append(b)
+        measured.append(b)
         print(f"  {spec['system']} {point}: recall {b['recall']:.4f}, {b['qps']:,.0f} q/s",
               flush=True)
         with open(spec["partial"], "w") as f:  # kept if the child is stopped
             json.dump(out, f)
-        if b["recall"] >= ENOUGH and not point.get("default"):
-            done_rows.add(point[row_key])
-    best = best_at_target(out["points"])
+    best = best_at_target(measured)
     if best:
-        point = {k: best[k] for k in best if k not in ("qps", "recall", "passes")}
+        point = _knobs_of(best)
+        state.update(point=point, t=time.perf_counter(),
+                     limit=spec["point_timeout"] * CONFIRM_PASSES)
         b = batch_qps(lambda x: system.search(index, x, point, THREADS), q, gt, min_s=0,
                       passes=CONFIRM_PASSES)
+        state["point"] = None
         out["at_target"] = dict(point, **b)
     system.close(index)
     return out
@@ -200,7 +271,7 @@ def build(name, folder, ds, base_path, metric, kd_info):
     return out
 
 
-def sweep(name, folder, ds, metric, cg, root, kd_info, timeout):
+def sweep(name, folder, ds, metric, cg, root, kd_info, timeout, point_timeout, budget=None):
     if name == "diskann":
         p = diskann_params(ds.n, kd_info)
         spec = {"task": "diskann_search", "dir": folder, "queries": ds.query_path,
@@ -215,17 +286,45 @@ def sweep(name, folder, ds, metric, cg, root, kd_info, timeout):
         if best:
             out["at_target"] = best
         return out
+    # One child per run of points: a point that runs past point_timeout ends
+    # its child, and the next child starts after it, skipping the points that
+    # cost at least as much, until the grid is done or timeout is spent.
     partial = os.path.join(os.path.dirname(folder), f"{name}.partial.json")
-    spec = {"task": "sweep", "system": name, "dir": folder, "queries": ds.query_path,
-            "gt": ds.gt_path, "n": ds.n, "dim": ds.dim, "metric": metric,
-            "scratch": os.path.dirname(folder), "partial": partial}
-    out = bench_disk.run_child(spec, cgroup=cg, drop=root, script=__file__, timeout=timeout)
-    if "error" in out and os.path.exists(partial):
-        # Stopped (the timeout) or failed: the points it measured still count.
-        with open(partial) as f:
-            out = dict(json.load(f), **out)
-    if os.path.exists(partial):
-        os.remove(partial)
+    out = {"points": [], "stopped": []}
+    start = time.perf_counter()
+    while True:
+        spec = {"task": "sweep", "system": name, "dir": folder, "queries": ds.query_path,
+                "gt": ds.gt_path, "n": ds.n, "dim": ds.dim, "metric": metric,
+                "scratch": os.path.dirname(folder), "partial": partial,
+                "point_timeout": point_timeout, "budget": budget, "measured": out["points"],
+                "stopped": out["stopped"]}
+        left = timeout - (time.perf_counter() - start)
+        child = bench_disk.run_child(spec, cgroup=cg, drop=root, script=__file__,
+                                     timeout=max(1.0, left))
+        if "error" in child and os.path.exists(partial):
+            # Stopped (a point or the timeout) or failed: the points it measured count.
+            with open(partial) as f:
+                child = dict(json.load(f), **child)
+        if os.path.exists(partial):
+            os.remove(partial)
+        out["points"] += child.pop("points", [])
+        stop = child.pop("stopped", None)
+        if stop is None and child.get("returncode") == -9:
+            # Killed by the cap's OOM killer: at the point it was measuring.
+            stop = next(walk(name, out["points"], out["stopped"]), None)
+            stop = stop and dict(stop, after_s=None, killed=True)
+        peak = max((out.get("memory") or {}).get("peak_bytes") or 0,
+                   (child.get("memory") or {}).get("peak_bytes") or 0)
+        out.update(child)
+        if out.get("memory"):
+            out["memory"]["peak_bytes"] = peak
+        if stop is None or time.perf_counter() - start >= timeout:
+            break
+        log(f"  {name}: {_stop_text(stop)}; going on")
+        out["stopped"].append(stop)
+        out.pop("error", None)
+    if not out["stopped"]:
+        del out["stopped"]
     return out
 
 
@@ -240,9 +339,15 @@ def parse_args(argv):
     ap.add_argument("--systems",
                     default="knndirect-disk,knndirect-refined-disk,lancedb,diskann")
     ap.add_argument("--cap-fraction", type=float, default=0.25)
-    ap.add_argument("--timeout", type=float, default=900,
-                    help="seconds a system's search child may take under its cap (a "
-                    "system that thrashes there is stopped and reported so)")
+    ap.add_argument("--uncapped", default="",
+                    help="systems to sweep a second time with no memory limit (after "
+                    "their capped sweep), reported as '<name> (no cap)'")
+    ap.add_argument("--timeout", type=float, default=1800,
+                    help="seconds a system's whole sweep may take under its cap")
+    ap.add_argument("--point-timeout", type=float, default=120,
+                    help="seconds one point's batch may take: a system that thrashes "
+                    "there is stopped at that point, which is reported, and its sweep "
+                    "goes on with the points that cost less")
     ap.add_argument("--dir", default=os.path.join(HERE, "data", "disk-peers"))
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
@@ -256,6 +361,9 @@ def main(argv=None):
     ds = bench_data.resolve(args.dataset, metric=args.metric)
     base_path = ds.base_path
     names = [s for s in args.systems.split(",") if s]
+    uncapped = [s for s in args.uncapped.split(",") if s]
+    if set(uncapped) - set(names):
+        raise SystemExit(f"--uncapped: {sorted(set(uncapped) - set(names))} not in --systems")
     known = sorted(GRIDS) + ["diskann"]
     unknown = [s for s in names if s not in known]
     if unknown:
@@ -322,7 +430,7 @@ def main(argv=None):
             log(f"  read its {warm / 2**20:,.0f} MiB of files once with O_DIRECT in "
                 f"{time.perf_counter() - t:.1f} s")
             out = sweep(name, os.path.join(folder, builds_as), ds, args.metric, cg, root,
-                        kd_info, args.timeout)
+                        kd_info, args.timeout, args.point_timeout, budget if cg else None)
             out["build"] = builds[name]
             if "error" in out:
                 log(f"  ERROR: {out['error']}")
@@ -330,6 +438,22 @@ def main(argv=None):
             log(f"  {name}: " + (f"{at['qps']:,.0f} q/s at recall {at['recall']:.4f}" if at
                                  else "no point reached recall 0.95"))
             res["systems"][name] = out
+            if name in uncapped:
+                # The same sweep with no limit: what the system reaches given all
+                # of RAM, the bound on what any cap could let it show.
+                label = f"{name} (no cap)"
+                res["cap"]["caps"][label] = {"bytes": None, "baseline_bytes": base_rss}
+                if cg:
+                    cg.set_limit(None)
+                log(f"[search] {label} (load {loadavg()})")
+                read_through(os.path.join(folder, builds_as))
+                out = sweep(name, os.path.join(folder, builds_as), ds, args.metric, cg, root,
+                            kd_info, args.timeout, args.point_timeout)
+                out["build"] = builds[name]
+                at = out.get("at_target")
+                log(f"  {label}: " + (f"{at['qps']:,.0f} q/s at recall {at['recall']:.4f}"
+                                      if at else "no point reached recall 0.95"))
+                res["systems"][label] = out
     finally:
         if cg:
             cg.remove()
@@ -348,6 +472,21 @@ def _knobs(p):
     return ", ".join(f"{k} {p[k]:g}" for k in ("ef", "oversample", "nprobes",
                                                 "refine_factor", "L", "beam_width")
                      if p.get(k) is not None) or "defaults"
+
+
+def _stop_text(p):
+    how = ("killed by the memory cap" if p.get("killed") else
+           f"stopped after {p['after_s']:.0f} s")
+    return f"{how} at ({_knobs(p)})"
+
+
+def _short_of(out):
+    """Why a system has no point at the target: its error, or its best recall."""
+    if out.get("error"):
+        return out["error"]
+    best = max(out.get("points", []), key=lambda p: p["recall"], default=None)
+    return "none reached 0.95" + (f" (best {best['recall']:.3f} at {_knobs(best)})"
+                                  if best else "")
 
 
 def write(res, out_dir):
@@ -379,18 +518,19 @@ def write(res, out_dir):
                  and name.startswith("knndirect") else "")
         c = cap["caps"].get(name, {})
         lines.append(f"| {name} | {fmt(out['build'].get('build_s'), '.0f')} s | "
-                     f"{fmt(c.get('bytes', 0) / 2**20, '.0f')} MiB "
+                     f"{fmt(c['bytes'] / 2**20, '.0f') + ' MiB' if c.get('bytes') else 'none'} "
                      f"({fmt(c.get('baseline_bytes', 0) / 2**20, '.0f')}) | "
                      f"{fmt((mem.get('peak_bytes') or 0) / 2**20, '.0f')} MiB | "
                      f"{fmt(at and at['qps'], ',.0f')} | {fmt(at and at['recall'], '.4f')} | "
-                     f"{_knobs(at) if at else out.get('error', 'none reached 0.95')} | "
+                     f"{_knobs(at) if at else _short_of(out)} | "
                      f"{ratio} |")
     lines += ["", "Each system's sweep (recall, QPS):", ""]
     for name, out in res["systems"].items():
         pts = sorted(out.get("points", []), key=lambda p: p["recall"])
+        shown = [p for p in pts if p["recall"] >= 0.8] or pts[-5:]
         lines.append(f"- {name}: " + "; ".join(
-            f"{p['recall']:.3f} @ {p['qps']:,.0f} ({_knobs(p)})" for p in pts
-            if p["recall"] >= 0.8))
+            [f"{p['recall']:.3f} @ {p['qps']:,.0f} ({_knobs(p)})" for p in shown] +
+            [_stop_text(p) for p in out.get("stopped", [])]))
     with open(stem + ".json", "w") as f:
         json.dump(res, f, indent=1)
     with open(stem + ".md", "w") as f:

@@ -61,3 +61,37 @@ def test_targets_pass_and_fail():
     rows = {r["target"].split(",")[0]: r for r in report.evaluate_targets(_result(120, 100, 400))}
     assert rows["QPS@0.95 knndirect / hnswlib"]["pass"] is False
     assert rows["QPS@0.95 knndirect / best peer"]["pass"] is False
+
+
+def _disk_peers():
+    import bench_disk_peers
+    return bench_disk_peers
+
+
+def test_a_stopped_point_rules_out_every_costlier_one():
+    dp = _disk_peers()
+    stop = {"nprobes": 80, "refine_factor": 5, "after_s": 120}
+    assert dp.dominated({"nprobes": 80, "refine_factor": 5}, stop)
+    assert dp.dominated({"nprobes": 160, "refine_factor": 20}, stop)
+    assert not dp.dominated({"nprobes": 40, "refine_factor": 100}, stop)
+    assert not dp.dominated({"nprobes": 160, "refine_factor": 1}, stop)
+    assert not dp.dominated({"ef": None, "oversample": None, "default": True},
+                            {"ef": 64, "oversample": 2, "after_s": 120})
+
+
+def test_the_walk_skips_done_saturated_and_stopped_points():
+    dp = _disk_peers()
+
+    def m(p, r, recall):
+        return {"nprobes": p, "refine_factor": r, "recall": recall, "qps": 100.0, "passes": 1}
+    # refine 1 gains 0.001 from nprobes 5 to 10: the rest of its row is skipped;
+    # refine 5 passed ENOUGH at nprobes 10; refine 10 was stopped at nprobes 40.
+    measured = [m(5, 1, 0.200), m(10, 1, 0.201), m(5, 5, 0.90), m(10, 5, 0.996)]
+    stopped = [{"nprobes": 40, "refine_factor": 10, "after_s": 120}]
+    left = list(dp.walk("lancedb", measured, stopped))
+    assert not [p for p in left if p["refine_factor"] in (1, 5)]
+    assert [p["nprobes"] for p in left if p["refine_factor"] == 10] == [5, 10, 20]
+    assert [p["nprobes"] for p in left if p["refine_factor"] == 100] == [5, 10, 20]
+    # knndirect's rows have no saturation rule: a flat row goes on
+    flat = [{"ef": e, "oversample": 2, "recall": 0.9, "qps": 1.0} for e in (32, 48)]
+    assert {"ef": 64, "oversample": 2} in list(dp.walk("knndirect-disk", flat, []))
