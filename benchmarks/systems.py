@@ -629,10 +629,10 @@ class LanceDB(System):
     nprobes_quick = (4, 16)
     refine = (5, 10, 20, 50)
     refine_quick = (5, 10, 20)
-    # 1,000 queries at nprobes 10 (20k x 128, 2 threads) in calls of 1,000 /
-    # 100 / 32 / 10 queries: 671 / 828 / 769 / 509 q/s at refine 1, 302 /
-    # 456 / 405 / 332 at refine 10; a call of 1,000 also took 277 MiB more
-    # than one of 1, a call of 100 73 MiB.
+    # 1,000 queries at nprobes 10 (20k x 128, 2 threads, AMD EPYC Zen 3) in
+    # calls of 1,000 / 100 / 32 / 10 queries: 671 / 828 / 769 / 509 q/s at
+    # refine 1, 302 / 456 / 405 / 332 at refine 10; a call of 1,000 also
+    # took 277 MiB more than one of 1, a call of 100 73 MiB.
     CALL_ROWS = 100
 
     def import_lib(self):
