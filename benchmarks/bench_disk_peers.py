@@ -328,6 +328,19 @@ def sweep(name, folder, ds, metric, cg, root, kd_info, timeout, point_timeout, b
     return out
 
 
+def sweep_logged(label, where, budget):
+    """sweep(), with its outcome logged under label."""
+    name, folder, ds, args, cg, root, kd_info = where
+    out = sweep(name, folder, ds, args.metric, cg, root, kd_info, args.timeout,
+                args.point_timeout, budget)
+    if "error" in out:
+        log(f"  ERROR: {out['error']}")
+    at = out.get("at_target")
+    log(f"  {label}: " + (f"{at['qps']:,.0f} q/s at recall {at['recall']:.4f}" if at
+                          else "no point reached recall 0.95"))
+    return out
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -429,15 +442,9 @@ def main(argv=None):
             warm = read_through(os.path.join(folder, builds_as))
             log(f"  read its {warm / 2**20:,.0f} MiB of files once with O_DIRECT in "
                 f"{time.perf_counter() - t:.1f} s")
-            out = sweep(name, os.path.join(folder, builds_as), ds, args.metric, cg, root,
-                        kd_info, args.timeout, args.point_timeout, budget if cg else None)
-            out["build"] = builds[name]
-            if "error" in out:
-                log(f"  ERROR: {out['error']}")
-            at = out.get("at_target")
-            log(f"  {name}: " + (f"{at['qps']:,.0f} q/s at recall {at['recall']:.4f}" if at
-                                 else "no point reached recall 0.95"))
-            res["systems"][name] = out
+            where = (name, os.path.join(folder, builds_as), ds, args, cg, root, kd_info)
+            res["systems"][name] = sweep_logged(name, where, budget if cg else None)
+            res["systems"][name]["build"] = builds[name]
             if name in uncapped:
                 # The same sweep with no limit: what the system reaches given all
                 # of RAM, the bound on what any cap could let it show.
@@ -447,13 +454,8 @@ def main(argv=None):
                     cg.set_limit(None)
                 log(f"[search] {label} (load {loadavg()})")
                 read_through(os.path.join(folder, builds_as))
-                out = sweep(name, os.path.join(folder, builds_as), ds, args.metric, cg, root,
-                            kd_info, args.timeout, args.point_timeout)
-                out["build"] = builds[name]
-                at = out.get("at_target")
-                log(f"  {label}: " + (f"{at['qps']:,.0f} q/s at recall {at['recall']:.4f}"
-                                      if at else "no point reached recall 0.95"))
-                res["systems"][label] = out
+                res["systems"][label] = sweep_logged(label, where, None)
+                res["systems"][label]["build"] = builds[name]
     finally:
         if cg:
             cg.remove()
