@@ -1,9 +1,11 @@
-"""Checks of the measuring stick itself: python -m pytest benchmarks/test_report.py"""
+"""The benchmarks' own rules (benchmarks/report.py, bench_disk_peers.py):
+Pareto fronts, interpolation at a recall, targets, and a sweep's stop rules."""
 import math
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
 
 import report  # noqa: E402
 
