@@ -20,6 +20,11 @@ takes it), and "auto@A" is the family's rule at confidence 1 - A:
 
     python benchmarks/default_margin.py --queries lib,400 --z auto,auto@0.01
 
+A z ending in "/plain" reads the standard error at the estimate, not at
+the target (_calibration.SPREAD_AT_TARGET off), the rule before it:
+
+    python benchmarks/default_margin.py --z auto/plain,auto
+
 "whole" is the library's rule with every beam measured on all the queries
 (none on half of them past HALF_PAST), the rule before the halving:
 
@@ -54,6 +59,7 @@ LIBRARY_SURE_Z = _calibration.sure_z
 LIBRARY_MEASURE = _calibration.measure
 LIBRARY_ALPHA = _calibration.SURE_ALPHA
 LIBRARY_HALF_PAST = _calibration.HALF_PAST
+LIBRARY_AT_TARGET = _calibration.SPREAD_AT_TARGET
 
 
 def pinned_sure_z(z, taken=None):
@@ -62,7 +68,8 @@ def pinned_sure_z(z, taken=None):
     taken."""
     def sure_z(columns):
         if z.startswith("auto"):
-            _calibration.SURE_ALPHA = float(z[5:]) if "@" in z else LIBRARY_ALPHA
+            at = z.split("/")[0][5:]
+            _calibration.SURE_ALPHA = float(at) if at else LIBRARY_ALPHA
             got = LIBRARY_SURE_Z(columns)
             _calibration.SURE_ALPHA = LIBRARY_ALPHA
         else:
@@ -150,7 +157,10 @@ def main():
                     count, z = rule
                     index._set_calibration(tables[count])
                     _calibration.sure_z = pinned_sure_z(z, taken)
+                    _calibration.SPREAD_AT_TARGET = not z.endswith("/plain")
+                    index._choices = {}
                     ef, os_ = index._chosen(k, None)
+                    _calibration.SPREAD_AT_TARGET = LIBRARY_AT_TARGET
                     took = f" (z {taken[-1]:.2f})" if z.startswith("auto") else ""
                     times = []
                     for _ in range(args.repeats):

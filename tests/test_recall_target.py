@@ -833,10 +833,12 @@ def test_default_keeps_to_the_coarse_columns():
     assert _calibration.choose(cal, 0.90, K, sure=True) == (10, 1.5, 0.9375)
 
 
-def test_default_bound_counts_the_columns_it_picks_from():
+def test_default_bound_counts_the_columns_it_picks_from(monkeypatch):
     """The default picks the cheapest of the columns whose bound clears
     0.95, so each is held to 0.05 / m: one column takes 1.645 standard
-    errors off, two 1.960, five 2.326."""
+    errors off, two 1.960, five 2.326 (standard errors as measured: the
+    reading at the target is the next test's)."""
+    monkeypatch.setattr(_calibration, "SPREAD_AT_TARGET", False)
     assert _calibration.sure_z(1) == pytest.approx(1.6449, abs=1e-4)
     assert _calibration.sure_z(2) == pytest.approx(1.9600, abs=1e-4)
     assert _calibration.sure_z(5) == pytest.approx(2.3263, abs=1e-4)
@@ -857,6 +859,26 @@ def test_default_bound_counts_the_columns_it_picks_from():
     assert _calibration.choose(short, 0.95, K, sure=True) == (10, 2.0, 0.955)
     # recall= aims at the target itself, whatever the columns.
     assert _calibration.choose(two, 0.95, K)[:2] == (10, 2.0)
+
+
+def test_default_bound_reads_the_spread_at_the_target(monkeypatch):
+    """A point's standard error is scaled to the target's binomial spread:
+    by sqrt(t (1 - t) / (p (1 - p))) where the estimate p is above the
+    target t, not at all at or below it, nor at recall 1 (no spread)."""
+    m = np.array([[0.90, 0.95, 0.96, 0.99, 1.0]])
+    f = _calibration._at_target(m, 0.95)
+    assert f[0] == pytest.approx([1.0, 1.0, math.sqrt(0.0475 / 0.0384), math.sqrt(0.0475 / 0.0099),
+                                  1.0])
+    one = {"k": K, "ef": [10, 14], "shortlist": [20],
+           "recall": [[0.955], [0.965]], "stderr": [[0.003], [0.003]], "scored": [100.0, 140.0]}
+    # Read at 0.955 the first beam clears (0.955 - 1.645 x 0.003 = 0.9501);
+    # read at 0.95 its error is 1.05 times wider and it does not.
+    ef, oversample, expect = _calibration.choose(one, 0.95, K, sure=True)
+    assert ef == 11 and oversample == 2.0 and 0.955 < expect < 0.965
+    monkeypatch.setattr(_calibration, "SPREAD_AT_TARGET", False)
+    assert _calibration.choose(one, 0.95, K, sure=True) == (10, 2.0, 0.955)
+    # recall= takes the estimate either way.
+    assert _calibration.choose(one, 0.95, K)[:2] == (10, 2.0)
 
 
 def test_grown_table_reads_each_length_at_its_stretch():

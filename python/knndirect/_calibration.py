@@ -76,6 +76,15 @@ DEFAULT_TARGET = 0.95
 # 3.8% of the 1-thread queries per second at the median
 # (benchmarks/default_margin.py, 4 sets x 3 metrics x 6 index seeds).
 SURE_ALPHA = 0.05
+# The bound's standard error is read at the target, not at the estimate: the
+# sample's spread as a multiple of a binomial one, times the target's
+# binomial spread. Per-query recall is bounded and skewed, so a sample that
+# missed the few hard queries reads both high and narrow, and a bound from
+# its own spread lay more than 2.33 standard errors high in 2.4-3.6% of
+# samples of 200-400 where a normal error gives 1%; read at the target,
+# 1.3-2.5% (fresh draws at 100k and 1M x 768;
+# benchmarks/calibration_control.py).
+SPREAD_AT_TARGET = True
 # Shortlist lengths, as multiples of k, up to MAX_OVERSAMPLE x the default;
 # while the longest still adds recall (more than FLAT over the one before,
 # at the widest beam), the ladder is measured again with lengths twice as
@@ -458,6 +467,20 @@ def sure_z(columns):
     return NormalDist().inv_cdf(1.0 - SURE_ALPHA / max(columns, 1))
 
 
+def _at_target(measured, target):
+    """Per point, what its standard error is multiplied by to read it at the
+    target (SPREAD_AT_TARGET): sqrt(t (1 - t) / (p (1 - p))) where the
+    estimate p lies above t, 1 elsewhere (and where p is 0 or 1: no spread
+    to scale)."""
+    if not SPREAD_AT_TARGET:
+        return 1.0
+    p = np.clip(measured, 0.0, 1.0)
+    binomial = p * (1.0 - p)
+    ratio = np.divide(target * (1.0 - target), binomial, out=np.ones_like(p),
+                      where=(binomial > 0) & (p > target))
+    return np.sqrt(np.maximum(ratio, 1.0))
+
+
 def _cheapest(cal, target, sure):
     """choose's point at the table's k: (cost, ef, shortlist length, expected
     recall, its standard error)."""
@@ -467,7 +490,7 @@ def _cheapest(cal, target, sure):
     if sure:
         candidates = [j for j, length in enumerate(lens)
                       if length not in skip and measured[:, j].max() >= target]
-        bound = measured - sure_z(len(candidates)) * stderr
+        bound = measured - sure_z(len(candidates)) * stderr * _at_target(measured, target)
     else:
         bound = measured
     log_ef = np.log(efs)
