@@ -143,11 +143,40 @@ def test_a_budget_decides_how_many_more(built, monkeypatch):
         == first
     assert _calibration.measure(core, q, truth_of, k, first=first, budget=1e9)["queries"] \
         == q.shape[0]
-    # The first took 1 s on this clock: a budget of 1.5 s holds half of them more.
-    ticks = iter([0.0, 1.0])
-    monkeypatch.setattr(_calibration, "perf_counter", lambda: next(ticks))
+    # The first took 1 s on this clock (every reading after the start is 1 s,
+    # inside the budget for the ladder): a budget of 1.5 s holds half of them
+    # more.
+    ticks = iter([0.0])
+    monkeypatch.setattr(_calibration, "perf_counter", lambda: next(ticks, 1.0))
     assert _calibration.measure(core, q, truth_of, k, first=first, budget=1.5)["queries"] \
         == first + first // 2
+
+
+def test_a_spent_budget_takes_the_rest_of_the_ladder_on_half_the_queries(built, monkeypatch):
+    """Once the clock passes the budget, the beams left are measured on the
+    first half of the first queries, as one sweep of them gives them; the
+    beam that was running when it passed is whole."""
+    monkeypatch.setattr(_calibration, "HALF_PAST", math.inf)  # the budget alone
+    _, _, queries, _, index = built
+    core, n = index._core, _calibration.QUERIES
+    q = np.ascontiguousarray(queries[:_calibration.MOST_QUERIES])
+    truth = core.search(q, K, 0, 0.0, True, True, 0, None)[1].astype(np.int64)
+
+    def truth_of(lo, hi, depth):
+        return core.search(q[lo:hi], depth, 0, 0.0, True, True, 0, None)[1]
+
+    cal = _calibration.measure(core, q, truth_of, K, first=n, budget=0.0)
+    used = cal["beam_queries"]
+    assert cal["queries"] == n and len(used) > 2
+    assert used == [n] + [n // 2] * (len(used) - 1)
+    for i in range(1, len(used)):
+        recall, stderr = sweep_of(core, q[:n // 2], truth[:n // 2], cal["ef"][i],
+                                  cal["shortlist"])
+        np.testing.assert_allclose(cal["recall"][i], recall, atol=2e-5)
+        np.testing.assert_allclose(cal["stderr"][i], stderr, atol=2e-5)
+    # With room, every beam is whole (and the budget adds the rest).
+    roomy = _calibration.measure(core, q, truth_of, K, first=n, budget=1e9)
+    assert set(roomy["beam_queries"]) == {roomy["queries"]} == {q.shape[0]}
 
 
 def test_a_build_on_threads_takes_the_budget_and_one_thread_the_error_rule(monkeypatch):

@@ -56,6 +56,10 @@ MOST_QUERIES = 400
 # the error rule alone. 45 builds at 100k: 3.1-5.8% of the build (the first
 # 200 alone can pass the budget), one default below 0.95 against two, 3.1%
 # more queries per second (benchmarks/default_margin.py --queries staged,lib).
+# Where the first 200 alone would pass it (a slow ladder: 256-d codes under
+# ip climb to ef 462-923), the beams after the one running when it passed
+# are measured on half of them (_ladder): 5.1-6.0% of the build on 3 of 27
+# such builds on an AMD EPYC VM before.
 BUDGET = 0.04
 TOLERANCE = 0.02
 STDERR_BOUND = TOLERANCE / 2.5
@@ -200,7 +204,8 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
             # columns are there already (a shorter shortlist is a prefix).
             measured_to = min(2 * top, LONGEST)
             lens = _lengths(core, k, measured_to)
-            rows = _ladder(core, head, k, threads, lens, j)
+            rows = _ladder(core, head, k, threads, lens, j,
+                           deadline=None if budget is None else started + budget)
         last = rows[-1].recall
         if top >= LONGEST or j < 1 or last[j] - last[j - 1] <= FLAT:
             break
@@ -358,11 +363,12 @@ def _lengths(core, k, top):
     return np.asarray(lengths(k, core.info()["default_oversample"], top), np.int64)
 
 
-def _ladder(core, part, k, threads, lens, longest, beams=None):
+def _ladder(core, part, k, threads, lens, longest, beams=None, deadline=None):
     """The sweeps of a geometric ladder of beams, from k up while recall at
-    shortlist lens[longest] rises (past HALF_PAST, on the first half of the
-    queries); beams given (the rows of such a ladder): the same beams,
-    each on as much of this part as it was measured on there."""
+    shortlist lens[longest] rises (past HALF_PAST, or once the clock has
+    passed deadline, on the first half of the queries); beams given (the
+    rows of such a ladder): the same beams, each on as much of this part as
+    it was measured on there."""
     info = core.info()
     cap = max(k, min(EF_CAP, info["count"]))
     probe = longest
@@ -389,7 +395,11 @@ def _ladder(core, part, k, threads, lens, longest, beams=None):
         flat = len(best) >= 3 and best[-1] - best[-3] < FLAT and ef >= 4 * k
         if best[-1] >= SATURATED or flat or ef >= cap:
             return rows
-        whole = whole and rows[-1].recall[probe] < HALF_PAST
+        # A build's budget spent on the first queries: the rest of the
+        # ladder on half of them, as past HALF_PAST (their error is then
+        # sqrt(2) wider; the budget adds no more queries after).
+        whole = (whole and rows[-1].recall[probe] < HALF_PAST
+                 and (deadline is None or perf_counter() < deadline))
         ef = min(cap, max(ef + 1, round(ef * EF_STEP)))
 
 
