@@ -72,6 +72,17 @@ def test_more_queries_where_the_table_is_unsure(built, monkeypatch):
     assert after < worst
 
 
+def held_queries(core, queries):
+    """The first MOST_QUERIES queries, their exact top K, and measure's
+    truth_of for them."""
+    q = np.ascontiguousarray(queries[:_calibration.MOST_QUERIES])
+
+    def truth_of(lo, hi, depth):
+        return core.search(q[lo:hi], depth, 0, 0.0, True, True, 0, None)[1]
+
+    return q, truth_of(0, q.shape[0], K).astype(np.int64), truth_of
+
+
 def sweep_of(core, q, truth, ef, lens):
     """One sweep's (recall, stderr), as a table rounds them."""
     recall, spread, _, _, used, _ = core.recall_sweep(q, None, truth.ravel(), K, ef,
@@ -87,12 +98,7 @@ def test_the_rest_pool_into_the_table_their_queries_give_at_once(built, monkeypa
     monkeypatch.setattr(_calibration, "HALF_PAST", 0.9)  # some beams of each kind
     _, _, queries, _, index = built
     core, first = index._core, _calibration.QUERIES
-    q = np.ascontiguousarray(queries[:_calibration.MOST_QUERIES])
-    truth = core.search(q, K, 0, 0.0, True, True, 0, None)[1].astype(np.int64)
-
-    def truth_of(lo, hi, depth):
-        return core.search(q[lo:hi], depth, 0, 0.0, True, True, 0, None)[1]
-
+    q, truth, truth_of = held_queries(core, queries)
     cal = _calibration.measure(core, q, truth_of, K, first=first, budget=1e9)
     n = q.shape[0]
     assert cal["queries"] == n and set(cal["beam_queries"]) == {n, n // 2}
@@ -159,12 +165,7 @@ def test_a_spent_budget_takes_the_rest_of_the_ladder_on_half_the_queries(built, 
     monkeypatch.setattr(_calibration, "HALF_PAST", math.inf)  # the budget alone
     _, _, queries, _, index = built
     core, n = index._core, _calibration.QUERIES
-    q = np.ascontiguousarray(queries[:_calibration.MOST_QUERIES])
-    truth = core.search(q, K, 0, 0.0, True, True, 0, None)[1].astype(np.int64)
-
-    def truth_of(lo, hi, depth):
-        return core.search(q[lo:hi], depth, 0, 0.0, True, True, 0, None)[1]
-
+    q, truth, truth_of = held_queries(core, queries)
     cal = _calibration.measure(core, q, truth_of, K, first=n, budget=0.0)
     used = cal["beam_queries"]
     assert cal["queries"] == n and len(used) > 2
