@@ -44,6 +44,7 @@ sys.path.insert(0, str(HERE))
 import bench_data  # noqa: E402
 from bench_recall import per_query_recall  # noqa: E402
 from fresh_queries import fresh_draws  # noqa: E402
+from knndirect import _calibration  # noqa: E402
 
 K = 10
 Z = 2.33  # one-sided 1%
@@ -72,12 +73,11 @@ def resample(y, x, n, m, draws, rng):
     plain, cv = np.empty((draws, 3)), np.empty((draws, 2))
     for d in range(draws):
         s = rng.integers(0, len(y), n)
-        mean, sd = y[s].mean(), y[s].std(ddof=1)
-        # The score form: the sample's spread as a multiple of a binomial
-        # one, taken at the mean tested rather than at the sample's own.
-        over = sd * sd / max(mean * (1 - mean), 1e-12)
-        score = math.sqrt(max(over * mu * (1 - mu), 1e-24) / n)
-        plain[d] = mean - mu, (mean - mu) / max(sd / math.sqrt(n), 1e-12), (mean - mu) / score
+        mean, se = y[s].mean(), max(y[s].std(ddof=1) / math.sqrt(n), 1e-12)
+        # The score form, as the library's default bound reads it (a sample
+        # below mu, whose z is negative, keeps its own error).
+        score = se * float(_calibration._at_target(np.asarray(mean), mu))
+        plain[d] = mean - mu, (mean - mu) / se, (mean - mu) / score
         if m:
             est, se = control_variate(y[s], x[s], x[rng.integers(0, len(y), m)])
             cv[d] = est - mu, (est - mu) / max(se, 1e-12)

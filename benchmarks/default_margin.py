@@ -158,7 +158,6 @@ def main():
                     index._set_calibration(tables[count])
                     _calibration.sure_z = pinned_sure_z(z, taken)
                     _calibration.SPREAD_AT_TARGET = not z.endswith("/plain")
-                    index._choices = {}
                     ef, os_ = index._chosen(k, None)
                     _calibration.SPREAD_AT_TARGET = LIBRARY_AT_TARGET
                     took = f" (z {taken[-1]:.2f})" if z.startswith("auto") else ""
