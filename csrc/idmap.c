@@ -85,6 +85,22 @@ uint32_t kd_idmap_get(const struct kd_idmap *m, int64_t key)
     return KD_NO_ROW;
 }
 
+/* How far ahead a batch lookup fetches: enough slots in flight to hide a
+ * miss to memory, few enough to stay in the first-level cache. */
+#define LOOKAHEAD 16
+
+void kd_idmap_get_many(const struct kd_idmap *m, const int64_t *keys, size_t n, uint32_t *rows)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (i + LOOKAHEAD < n) {
+            size_t s = slot_of(keys[i + LOOKAHEAD], m->cap);
+            __builtin_prefetch(&m->rows[s]);
+            __builtin_prefetch(&m->keys[s]);
+        }
+        rows[i] = kd_idmap_get(m, keys[i]);
+    }
+}
+
 int kd_idmap_put(struct kd_idmap *m, int64_t key, uint32_t row)
 {
     if (kd_idmap_get(m, key) != KD_NO_ROW)

@@ -20,6 +20,9 @@ void kd_idmap_free(struct kd_idmap *m);
 /* Make room for `more` insertions without rehashing during them. */
 int kd_idmap_reserve(struct kd_idmap *m, size_t more);
 uint32_t kd_idmap_get(const struct kd_idmap *m, int64_t key);
+/* rows[i] = kd_idmap_get(m, keys[i]), with the table's slots fetched ahead:
+ * several times faster over a table larger than the caches. */
+void kd_idmap_get_many(const struct kd_idmap *m, const int64_t *keys, size_t n, uint32_t *rows);
 /* Insert; returns 0, or -EEXIST when the key is present. Call reserve first. */
 int kd_idmap_put(struct kd_idmap *m, int64_t key, uint32_t row);
 void kd_idmap_del(struct kd_idmap *m, int64_t key);

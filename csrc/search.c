@@ -720,8 +720,10 @@ int kd_filter_build(struct kd_index *ix, const struct kd_search_params *sp, stru
     f->rows = malloc((sp->nfilter ? sp->nfilter : 1) * sizeof(uint32_t));
     if (!f->allowed || !f->rows)
         return kd_fail(-ENOMEM, "out of memory for the filter");
+    /* The rows land in f->rows first, then are kept where new and live. */
+    kd_idmap_get_many(&ix->idmap, sp->filter, sp->nfilter, f->rows);
     for (size_t i = 0; i < sp->nfilter; i++) {
-        uint32_t r = kd_idmap_get(&ix->idmap, sp->filter[i]);
+        uint32_t r = f->rows[i];
         /* Unknown and removed ids simply cannot be returned. */
         if (r == KD_NO_ROW || f->allowed[r])
             continue;

@@ -154,6 +154,23 @@ def test_filter_exact_scan_on_disk_is_one_batch(indexes, data):
     assert st["read_bytes"] == len(allowed) * rs
 
 
+def test_a_long_filter_of_repeats_strangers_and_removed_ids(data):
+    """A filter of many ids, the allowed ones repeated and shuffled among
+    unknown, negative and removed ones (its ids are looked up ahead of
+    their turn): exactly the live allowed ids can come back."""
+    base, queries = data
+    idx = build(base[:2000], "l2")
+    removed = np.arange(0, 300, 3)
+    idx.remove(removed)
+    rng = np.random.default_rng(5)
+    allowed = rng.permutation(np.concatenate([
+        np.arange(300), np.arange(150), 10**12 + np.arange(200), -1 - np.arange(50)]))
+    live = np.setdiff1d(np.arange(300), removed)
+    D, I = idx.search(queries, K, filter=allowed, exact=True)
+    assert_exact_match(D, I, base[live], queries, "l2", ids=live)
+    _, I = idx.search(queries, K, filter=allowed)
+    assert np.isin(I, live).all()
+
 def test_filter_with_removed_and_unknown_ids(data):
     base, queries = data
     idx = build(base[:2000], "l2")
