@@ -85,8 +85,8 @@ uint32_t kd_idmap_get(const struct kd_idmap *m, int64_t key)
     return KD_NO_ROW;
 }
 
-/* How far ahead a batch lookup fetches: enough slots in flight to hide a
- * miss to memory, few enough to stay in the first-level cache. */
+/* How many ids ahead a batch lookup fetches slots: enough misses in flight
+ * to overlap; 8 to 64 measured alike on a filter of 500,000 ids at 1M. */
 #define LOOKAHEAD 16
 
 void kd_idmap_get_many(const struct kd_idmap *m, const int64_t *keys, size_t n, uint32_t *rows)
