@@ -26,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_data  # noqa: E402
+from bench_exact import median_time  # noqa: E402
 
 
 def main():
@@ -82,13 +83,8 @@ def main():
     half_filter(index, queries, _calibration)
 
 
-def median_ms(fn, repeats=7):
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e3
+def median_ms(fn):
+    return median_time(fn, 7) * 1e3
 
 
 def half_filter(index, queries, cal_mod):
