@@ -21,12 +21,9 @@ takes it), and "auto@A" is the family's rule at confidence 1 - A:
     python benchmarks/default_margin.py --queries lib,400 --z auto,auto@0.01
 
 A z ending in "/plain" reads the standard error at the estimate, not at
-the target (_calibration.SPREAD_AT_TARGET off), the rule before it; one
-ending in "/noskew" keeps z where the skewness would move it
-(_calibration.SKEW_CORRECTION off), the rule before that:
+the target (_calibration.SPREAD_AT_TARGET off), the rule before it:
 
     python benchmarks/default_margin.py --z auto/plain,auto
-    python benchmarks/default_margin.py --z auto/noskew,auto
 
 "whole" is the library's rule with every beam measured on all the queries
 (none on half of them past HALF_PAST), the rule before the halving:
@@ -63,7 +60,6 @@ LIBRARY_MEASURE = _calibration.measure
 LIBRARY_ALPHA = _calibration.SURE_ALPHA
 LIBRARY_HALF_PAST = _calibration.HALF_PAST
 LIBRARY_AT_TARGET = _calibration.SPREAD_AT_TARGET
-LIBRARY_SKEW = _calibration.SKEW_CORRECTION
 
 
 def pinned_sure_z(z, taken=None):
@@ -162,11 +158,8 @@ def main():
                     index._set_calibration(tables[count])
                     _calibration.sure_z = pinned_sure_z(z, taken)
                     _calibration.SPREAD_AT_TARGET = not z.endswith("/plain")
-                    _calibration.SKEW_CORRECTION = (False if z.endswith("/noskew") else
-                                                    "target" if z.endswith("/skewt") else True)
                     ef, os_ = index._chosen(k, None)
                     _calibration.SPREAD_AT_TARGET = LIBRARY_AT_TARGET
-                    _calibration.SKEW_CORRECTION = LIBRARY_SKEW
                     took = f" (z {taken[-1]:.2f})" if z.startswith("auto") else ""
                     times = []
                     for _ in range(args.repeats):

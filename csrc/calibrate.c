@@ -8,11 +8,11 @@
 #include <string.h>
 
 /* Sums over queries: per shortlist length, hits and each query's recall
- * (and its square and cube); per query, the rest. The half's: per length, hits and
+ * (and its square); per query, the rest. The half's: per length, hits and
  * the queries whose shortlist it outran. */
 struct sweep_sums {
     uint64_t *hits, truths, queries, scored, refined;
-    double *sum, *sum2, *sum3;
+    double *sum, *sum2;
     uint64_t *half_hits, *half_cut, half_truths;
 };
 
@@ -38,10 +38,9 @@ static int sums_alloc(struct sweep_sums *t, size_t nl)
     t->hits = calloc(nl, sizeof *t->hits);
     t->sum = calloc(nl, sizeof *t->sum);
     t->sum2 = calloc(nl, sizeof *t->sum2);
-    t->sum3 = calloc(nl, sizeof *t->sum3);
     t->half_hits = calloc(nl, sizeof *t->half_hits);
     t->half_cut = calloc(nl, sizeof *t->half_cut);
-    return t->hits && t->sum && t->sum2 && t->sum3 && t->half_hits && t->half_cut ? 0 : -ENOMEM;
+    return t->hits && t->sum && t->sum2 && t->half_hits && t->half_cut ? 0 : -ENOMEM;
 }
 
 static void sums_free(struct sweep_sums *t)
@@ -49,7 +48,6 @@ static void sums_free(struct sweep_sums *t)
     free(t->hits);
     free(t->sum);
     free(t->sum2);
-    free(t->sum3);
     free(t->half_hits);
     free(t->half_cut);
 }
@@ -81,7 +79,6 @@ static void count_hits(struct sweep_sums *t, size_t l, size_t hits, size_t nt)
     t->hits[l] += hits;
     t->sum[l] += r;
     t->sum2[l] += r * r;
-    t->sum3[l] += r * r * r;
 }
 
 /* One query: the graph search with the longest shortlist, then the true
@@ -166,7 +163,6 @@ static void *sweep_worker(void *arg)
         r->t.hits[l] += t.hits[l];
         r->t.sum[l] += t.sum[l];
         r->t.sum2[l] += t.sum2[l];
-        r->t.sum3[l] += t.sum3[l];
         r->t.half_hits[l] += t.half_hits[l];
         r->t.half_cut[l] += t.half_cut[l];
     }
@@ -222,11 +218,6 @@ int kd_index_recall_sweep(struct kd_index *ix, struct kd_sweep *sw)
         sw->recall[l] = r.t.truths ? (double)r.t.hits[l] / (double)r.t.truths : 1.0;
         double mean = nq ? r.t.sum[l] / nq : 0, var = nq ? r.t.sum2[l] / nq - mean * mean : 0;
         sw->spread[l] = var > 0 ? sqrt(var) : 0;
-        /* Third central moment from the raw ones; no spread, no skew (a
-         * spread within rounding of 0 would make it noise). */
-        double m3 = nq ? r.t.sum3[l] / nq - 3 * mean * (r.t.sum2[l] / nq) + 2 * mean * mean * mean
-                       : 0;
-        sw->skew[l] = var > 1e-12 ? m3 / (var * sqrt(var)) : 0;
         if (sw->half_ids)
             sw->half_recall[l] = r.t.half_cut[l] || !r.t.half_truths
                                      ? NAN

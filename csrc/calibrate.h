@@ -34,7 +34,6 @@ struct kd_sweep {
     /* out */
     double *recall; /* nlens: true neighbours found / true neighbours */
     double *spread; /* nlens: standard deviation of a query's recall */
-    double *skew;   /* nlens: its skewness (third central moment / spread^3) */
     /* nlens, with half_ids: recall of the subset's shortlists (its rows
      * among the longest shortlist, in order); NaN at a length that some
      * query's full shortlist held too few of them to fill. */

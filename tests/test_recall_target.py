@@ -84,10 +84,10 @@ def held_queries(core, queries):
 
 
 def sweep_of(core, q, truth, ef, lens):
-    """One sweep's (recall, stderr, skewness), as a table rounds them."""
-    recall, spread, skew, _, _, used, _ = core.recall_sweep(q, None, truth.ravel(), K, ef,
-                                                            np.asarray(lens, np.int64), 1)
-    return np.round(recall, 5), np.round(spread / math.sqrt(used - 1), 5), np.round(skew, 3)
+    """One sweep's (recall, stderr), as a table rounds them."""
+    recall, spread, _, _, used, _ = core.recall_sweep(q, None, truth.ravel(), K, ef,
+                                                      np.asarray(lens, np.int64), 1)
+    return np.round(recall, 5), np.round(spread / math.sqrt(used - 1), 5)
 
 
 def test_the_rest_pool_into_the_table_their_queries_give_at_once(built, monkeypatch):
@@ -103,13 +103,12 @@ def test_the_rest_pool_into_the_table_their_queries_give_at_once(built, monkeypa
     n = q.shape[0]
     assert cal["queries"] == n and set(cal["beam_queries"]) == {n, n // 2}
     halves = np.r_[0:first // 2, first:first + (n - first) // 2]
-    for ef, used, recall, stderr, skew in zip(cal["ef"], cal["beam_queries"], cal["recall"],
-                                              cal["stderr"], cal["skew"]):
+    for ef, used, recall, stderr in zip(cal["ef"], cal["beam_queries"], cal["recall"],
+                                        cal["stderr"]):
         rows = np.arange(n) if used == n else halves
-        want = sweep_of(core, q[rows], truth[rows], ef, cal["shortlist"])
-        np.testing.assert_allclose(recall, want[0], atol=2e-5)
-        np.testing.assert_allclose(stderr, want[1], atol=2e-5)
-        np.testing.assert_allclose(skew, want[2], atol=2e-3)
+        want_recall, want_stderr = sweep_of(core, q[rows], truth[rows], ef, cal["shortlist"])
+        np.testing.assert_allclose(recall, want_recall, atol=2e-5)
+        np.testing.assert_allclose(stderr, want_stderr, atol=2e-5)
 
 
 def test_the_widest_beams_take_half_the_queries(built, monkeypatch):
@@ -130,8 +129,8 @@ def test_the_widest_beams_take_half_the_queries(built, monkeypatch):
     assert past + 1 < len(top)
     assert cal["beam_queries"] == [n] * (past + 1) + [n // 2] * (len(top) - past - 1)
     for i in range(past + 1, len(top)):
-        recall, stderr, _ = sweep_of(core, q[:n // 2], truth[:n // 2], cal["ef"][i],
-                                     cal["shortlist"])
+        recall, stderr = sweep_of(core, q[:n // 2], truth[:n // 2], cal["ef"][i],
+                                  cal["shortlist"])
         np.testing.assert_allclose(cal["recall"][i], recall, atol=2e-5)
         np.testing.assert_allclose(cal["stderr"][i], stderr, atol=2e-5)
 
@@ -172,8 +171,8 @@ def test_a_spent_budget_takes_the_rest_of_the_ladder_on_half_the_queries(built, 
     assert cal["queries"] == n and len(used) > 2
     assert used == [n] + [n // 2] * (len(used) - 1)
     for i in range(1, len(used)):
-        recall, stderr, _ = sweep_of(core, q[:n // 2], truth[:n // 2], cal["ef"][i],
-                                     cal["shortlist"])
+        recall, stderr = sweep_of(core, q[:n // 2], truth[:n // 2], cal["ef"][i],
+                                  cal["shortlist"])
         np.testing.assert_allclose(cal["recall"][i], recall, atol=2e-5)
         np.testing.assert_allclose(cal["stderr"][i], stderr, atol=2e-5)
     # With room, every beam is whole (and the budget adds the rest).
@@ -538,25 +537,20 @@ def test_sweep_agrees_with_search(built):
     (shorter shortlists are prefixes of the longest), counting the true
     neighbours each prefix holds: its recall is the recall of real searches
     at each (ef, shortlist), but for a near tie that float rounding in the
-    rerank orders the other way (at most 3 of 3,000 neighbours here), and
-    so are a query's recall's spread and skewness."""
+    rerank orders the other way (at most 3 of 3,000 neighbours here)."""
     _, _, queries, truth, index = built
     q = np.ascontiguousarray(queries[:300])
     t = np.ascontiguousarray(truth[:300].astype(np.int64))
     lens = np.array([10, 20, 40, 80], np.int64)
     for ef in (12, 40):
-        recall, spread, skew, scored, _, used, _ = index._core.recall_sweep(
-            q, None, t.ravel(), K, ef, lens, 1)
+        recall, spread, scored, _, used, _ = index._core.recall_sweep(q, None, t.ravel(), K,
+                                                                      ef, lens, 1)
         assert used == 300
-        for length, r, s, g in zip(lens, recall, spread, skew):
+        for length, r in zip(lens, recall):
             _, ids = index.search(q, K, ef=ef, oversample=length / K)
-            per = np.array([len(set(a) & set(b)) / K for a, b in zip(ids, t)])
-            assert abs(r - per.mean()) <= 3 / (len(q) * K)
-            assert s == pytest.approx(per.std(), abs=0.01)
-            third = ((per - per.mean()) ** 3).mean()
-            assert g == pytest.approx(third / per.std() ** 3 if per.std() else 0.0, abs=0.15)
+            per = [len(set(a) & set(b)) / K for a, b in zip(ids, t)]
+            assert abs(r - np.mean(per)) <= 3 / (len(q) * K)
         assert (spread >= 0).all() and scored >= ef
-        assert (skew < 0).any()  # a query's recall is bounded above: skewed left
 
 
 def test_the_sweep_measures_a_half_on_the_same_searches(built):
@@ -635,17 +629,17 @@ def test_the_depth_fit_recovers_a_known_exponent():
     def beam(e, reach, end=80):
         half = reach * reached(lens * 2.0 ** e)
         half[lens > end] = np.nan
-        return _calibration._Beam(10, 0.99 * reached(lens), *np.zeros((2, len(lens))), 1.0, 0.0,
+        return _calibration._Beam(10, 0.99 * reached(lens), np.zeros(len(lens)), 1.0, 0.0,
                                   200, half)
 
     for e in (0.0, 0.15, 0.37, 0.5, 0.8):
         rows = [beam(e, 0.93), beam(e, 0.97)]
         assert _calibration.depth_exponent(rows, lens) == pytest.approx(e, abs=0.011)
     assert _calibration.depth_exponent([beam(0.3, 0.95, end=30)], lens) is None
-    flat = _calibration._Beam(10, np.ones(len(lens)), *np.zeros((2, len(lens))), 1.0, 0.0, 200,
+    flat = _calibration._Beam(10, np.ones(len(lens)), np.zeros(len(lens)), 1.0, 0.0, 200,
                               np.ones(len(lens)))
     assert _calibration.depth_exponent([flat], lens) is None
-    no_half = _calibration._Beam(10, 0.99 * reached(lens), *np.zeros((2, len(lens))), 1.0, 0.0, 200)
+    no_half = _calibration._Beam(10, 0.99 * reached(lens), np.zeros(len(lens)), 1.0, 0.0, 200)
     assert _calibration.depth_exponent([no_half], lens) is None
 
 
@@ -665,7 +659,7 @@ def test_the_refined_depth_fit_reads_the_refined_order_only():
         whole = np.where(lens <= ef, 0.95 * reached(lens), 0.95 + 0.04 * (lens - ef) / 80)
         half = np.where(lens <= ef / 2, 0.90 * reached(lens * 2.0 ** e),
                         0.90 + 0.08 * (lens - ef / 2) / 120)
-        return _calibration._Beam(ef, whole, *np.zeros((2, len(lens))), 1.0, 80.0, 200, half)
+        return _calibration._Beam(ef, whole, np.zeros(len(lens)), 1.0, 80.0, 200, half)
 
     for e in (0.0, 0.1, 0.3, 0.6):
         rows = [beam(e), beam(e, ef=70)]
@@ -915,41 +909,6 @@ def test_default_bound_reads_the_spread_at_the_target(monkeypatch):
     assert _calibration.choose(one, 0.95, K, sure=True) == (10, 2.0, 0.955)
     # recall= takes the estimate either way.
     assert _calibration.choose(one, 0.95, K)[:2] == (10, 2.0)
-
-
-def test_default_bound_moves_z_by_the_skewness(monkeypatch):
-    """Where a point's per-query recall is skewed left (g < 0), the default's
-    z grows by the Cornish-Fisher term |g| (2 z^2 + 1) / (6 sqrt(n)), n the
-    queries its beam was measured on; a right skew, a table without
-    skewness, and recall= targets are left as they were."""
-    one = {"k": K, "ef": [10, 14], "shortlist": [20], "queries": 200,
-           "beam_queries": [200, 100], "recall": [[0.955], [0.965]],
-           "stderr": [[0.001], [0.001]], "skew": [[-3.0], [1.0]], "scored": [100.0, 140.0]}
-    z = _calibration.sure_z(1)
-    moved = _calibration._skewed_z(one, z)
-    term = (2 * z * z + 1) / 6
-    assert moved[:, 0] == pytest.approx([z + 3.0 * term / math.sqrt(200), z])
-    # The first beam's bound, 0.955 - (1.645 + 0.227) x 1.051 x 0.001 = 0.95303,
-    # clears 0.95 moved too; with an error of 0.0027 it clears only unmoved
-    # (0.95033 against 0.94969).
-    assert _calibration.choose(one, 0.95, K, sure=True)[:2] == (10, 2.0)
-    wide = {**one, "stderr": [[0.0027], [0.0027]]}
-    assert _calibration.choose(wide, 0.95, K, sure=True)[0] > 10
-    monkeypatch.setattr(_calibration, "SKEW_CORRECTION", False)
-    assert _calibration.choose(wide, 0.95, K, sure=True)[0] == 10
-    monkeypatch.undo()
-    plain = {key: v for key, v in wide.items() if key != "skew"}
-    assert _calibration.choose(plain, 0.95, K, sure=True)[0] == 10
-    assert _calibration._skewed_z({**one, "skew": [[2.0], [0.5]]}, z) == pytest.approx(
-        np.full((2, 1), z))
-    assert _calibration.choose(wide, 0.95, K)[:2] == (10, 2.0)  # recall= reads the estimate
-    # The skewness goes where the recall goes in a grown table, and into the file.
-    g = _calibration.grown(wide, 4.0)
-    assert len(g["skew"]) == 2 and len(g["skew"][0]) == len(g["shortlist"])
-    stored = {**wide, "count": 1000, "format": _calibration.FORMAT}
-    assert _calibration.decode(_calibration.encode(stored))["skew"] == wide["skew"]
-    with pytest.raises(kd.CorruptIndexError, match="unreadable"):
-        _calibration.decode(_calibration.encode({**stored, "skew": [[-1.0]]}))
 
 
 def test_grown_table_reads_each_length_at_its_stretch():

@@ -655,9 +655,9 @@ static PyObject *Index_same_quantizer(KdIndexObject *self, PyObject *arg)
 
 /* recall_sweep(queries, hidden, truth, k, ef, lens, threads=0, half_ids=None,
  *              half_truth=None) ->
- * (recall per length, its spread over queries, that spread's skewness, code
- * distances computed per query, refinements per query, queries measured,
- * the half's recall per length or None).
+ * (recall per length, its spread over queries, code distances computed per
+ * query, refinements per query, queries measured, the half's recall per
+ * length or None).
  * hidden, truth and the half's are int64 (hidden may be None; truths are
  * nq * k ids, flat), lens int64 ascending. */
 static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
@@ -679,7 +679,7 @@ static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
                   *half_truth = NULL;
     size_t nq = 0, nh = 0, nt = 0, nl = 0, nhalf = 0, nht = 0;
     uint32_t *lens = NULL;
-    PyObject *recall = NULL, *spread = NULL, *skew = NULL, *half = NULL, *out = NULL;
+    PyObject *recall = NULL, *spread = NULL, *half = NULL, *out = NULL;
     int err = 0, taken = 0;
     if (kd_take_matrix(qo, &qv, kd_index_dim(ix), &nq))
         goto done;
@@ -698,7 +698,6 @@ static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
     if (!(lens = PyMem_Malloc(nl * sizeof *lens)) ||
         !(recall = PyArray_SimpleNew(1, &dims, NPY_FLOAT64)) ||
         !(spread = PyArray_SimpleNew(1, &dims, NPY_FLOAT64)) ||
-        !(skew = PyArray_SimpleNew(1, &dims, NPY_FLOAT64)) ||
         (half_ids && !(half = PyArray_SimpleNew(1, &dims, NPY_FLOAT64)))) {
         PyErr_NoMemory();
         goto done;
@@ -724,14 +723,13 @@ static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
                           threads,
                           PyArray_DATA((PyArrayObject *)recall),
                           PyArray_DATA((PyArrayObject *)spread),
-                          PyArray_DATA((PyArrayObject *)skew),
                           half ? PyArray_DATA((PyArrayObject *)half) : NULL,
                           0,
                           0,
                           0};
     Py_BEGIN_ALLOW_THREADS err = kd_index_recall_sweep(ix, &sw);
     Py_END_ALLOW_THREADS if (!err)
-        out = Py_BuildValue("OOOddnO", recall, spread, skew, sw.scored, sw.refined,
+        out = Py_BuildValue("OOddnO", recall, spread, sw.scored, sw.refined,
                             (Py_ssize_t)sw.nqueries, half ? half : Py_None);
 done:
     if (taken)
@@ -744,7 +742,6 @@ done:
     PyMem_Free(lens);
     Py_XDECREF(recall);
     Py_XDECREF(spread);
-    Py_XDECREF(skew);
     Py_XDECREF(half);
     kd_py_leave(self);
     if (err)

@@ -89,14 +89,6 @@ SURE_ALPHA = 0.05
 # 1.3-2.5% (fresh draws at 100k and 1M x 768;
 # benchmarks/calibration_control.py).
 SPREAD_AT_TARGET = True
-# Left-skewed, the studentized mean errs high more often than a normal one
-# does (Edgeworth: by (-g / 6) (2 z^2 + 1) phi(z) / sqrt(n) for skewness g),
-# so the default's z is moved by the quantile's term for each point's own
-# skewness (-4 to -6 near recall 0.95: about 0.4-0.5 standard errors at
-# z 2.33 and 200-400 queries). Resampling fresh draws at 100k and 1M x 768,
-# the bound read at the target lay above 2.33 of its errors in 1.3-2.8% of
-# samples (1% meant); moved, in 0.4-2.0% (benchmarks/calibration_control.py).
-SKEW_CORRECTION = True
 # Shortlist lengths, as multiples of k, up to MAX_OVERSAMPLE x the default;
 # while the longest still adds recall (more than FLAT over the one before,
 # at the widest beam), the ladder is measured again with lengths twice as
@@ -336,23 +328,20 @@ class _Part:
 
 
 class _Beam:
-    """One beam's sweep: recall, and the per-query spread and its skewness,
-    at each shortlist length; code distances and refinements per query,
-    queries counted."""
+    """One beam's sweep: recall and per-query spread at each shortlist
+    length, code distances and refinements per query, queries counted."""
 
-    def __init__(self, ef, recall, spread, skew, scored, refined, used, half=None, whole=True):
+    def __init__(self, ef, recall, spread, scored, refined, used, half=None, whole=True):
         self.ef, self.scored, self.refined, self.used = ef, scored, refined, used
         self.whole = whole  # False: measured on the first half of the queries alone
         self.half = None if half is None else np.asarray(half, np.float64)
         self.recall = np.asarray(recall, np.float64)
         self.spread = np.asarray(spread, np.float64)
-        self.skew = np.asarray(skew, np.float64)
 
     def first(self, m):
         """The first m shortlist lengths."""
-        return _Beam(self.ef, self.recall[:m], self.spread[:m], self.skew[:m], self.scored,
-                     self.refined, self.used, None if self.half is None else self.half[:m],
-                     self.whole)
+        return _Beam(self.ef, self.recall[:m], self.spread[:m], self.scored, self.refined,
+                     self.used, None if self.half is None else self.half[:m], self.whole)
 
     def pooled(self, other):
         """The sweep of both query sets together."""
@@ -360,23 +349,14 @@ class _Beam:
         if not other.used or not self.used:
             return self if other.used == 0 else other
         w0, w1 = self.used / n, other.used / n
-        # Pooled through the raw moments of a query's recall.
         mean = w0 * self.recall + w1 * other.recall
-        square = w0 * _raw(self)[0] + w1 * _raw(other)[0]
-        cube = w0 * _raw(self)[1] + w1 * _raw(other)[1]
-        var = np.maximum(square - mean ** 2, 0.0)
-        third = cube - 3.0 * mean * square + 2.0 * mean ** 3
-        skew = np.divide(third, var ** 1.5, out=np.zeros_like(var), where=var > 1e-12)
+        square = (w0 * (self.spread ** 2 + self.recall ** 2)
+                  + w1 * (other.spread ** 2 + other.recall ** 2))
         half = None if self.half is None or other.half is None else (
             w0 * self.half + w1 * other.half)
-        return _Beam(self.ef, mean, np.sqrt(var), skew, w0 * self.scored + w1 * other.scored,
+        return _Beam(self.ef, mean, np.sqrt(np.maximum(square - mean ** 2, 0.0)),
+                     w0 * self.scored + w1 * other.scored,
                      w0 * self.refined + w1 * other.refined, n, half, self.whole)
-
-
-def _raw(beam):
-    """The second and third raw moments of a query's recall, per length."""
-    m, s = beam.recall, beam.spread
-    return s ** 2 + m ** 2, beam.skew * s ** 3 + 3.0 * m * s ** 2 + m ** 3
 
 
 def _lengths(core, k, top):
@@ -435,7 +415,6 @@ def _table(core, rows, k, lens, source, queries):
         "recall": [[round(float(x), 5) for x in r.recall] for r in rows],
         "stderr": [[round(float(s) / math.sqrt(max(r.used - 1, 1)), 5) for s in r.spread]
                    for r in rows],
-        "skew": [[round(float(g), 3) for g in r.skew] for r in rows],
         "scored": [round(r.scored, 1) for r in rows],
         "beam_queries": [int(r.used) for r in rows],
     }
@@ -458,9 +437,8 @@ def decode(blob: bytes):
         ok = (isinstance(cal, dict) and cal.get("format") == FORMAT
               and len(cal["recall"]) == len(cal["ef"]) == len(cal["scored"])
               == len(cal["stderr"]) == len(cal.get("refined", cal["ef"]))
-              and len(cal.get("skew", cal["ef"])) == len(cal["ef"])
               and all(len(row) == len(cal["shortlist"])
-                      for row in cal["recall"] + cal["stderr"] + cal.get("skew", []))
+                      for row in cal["recall"] + cal["stderr"])
               and isinstance(cal.get("serves", cal["count"]), int)
               and cal.get("serves", cal["count"]) >= cal["count"] > 0)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
@@ -499,27 +477,6 @@ def sure_z(columns):
     return NormalDist().inv_cdf(1.0 - SURE_ALPHA / max(columns, 1))
 
 
-def _skewed_z(cal, z, target=None):
-    """Per point, z moved by the first (Cornish-Fisher) term of the
-    studentized mean's skewness (SKEW_CORRECTION): z + |g| (2 z^2 + 1) /
-    (6 sqrt(n)) where the point's per-query recall has skewness g < 0 over n
-    queries; z elsewhere, and for a table that kept no skewness."""
-    if not SKEW_CORRECTION or "skew" not in cal:
-        return z
-    skew = np.asarray(cal["skew"], np.float64)
-    if SKEW_CORRECTION == "target" and target is not None:
-        measured = np.asarray(cal["recall"], np.float64)
-        at = []
-        for j in range(skew.shape[1]):
-            order = np.argsort(measured[:, j], kind="stable")
-            at.append(np.interp(target, measured[order, j], skew[order, j]))
-        skew = np.broadcast_to(np.asarray(at), skew.shape)
-    left = np.maximum(-skew, 0.0)
-    n = cal.get("beam_queries") or [cal["queries"]] * len(cal["ef"])
-    n = np.maximum(np.asarray(n, np.float64), 1.0)[:, None]
-    return z + left * (2.0 * z * z + 1.0) / (6.0 * np.sqrt(n))
-
-
 def _at_target(measured, target):
     """Per point, what its standard error is multiplied by to read it at the
     target (SPREAD_AT_TARGET): sqrt(t (1 - t) / (p (1 - p))) where the
@@ -543,8 +500,7 @@ def _cheapest(cal, target, sure):
     if sure:
         candidates = [j for j, length in enumerate(lens)
                       if length not in skip and measured[:, j].max() >= target]
-        z = sure_z(len(candidates))
-        bound = measured - _skewed_z(cal, z, target) * stderr * _at_target(measured, target)
+        bound = measured - sure_z(len(candidates)) * stderr * _at_target(measured, target)
     else:
         bound = measured
     log_ef = np.log(efs)
@@ -623,8 +579,7 @@ def grown(cal, growth):
         return out
 
     return {**cal, "shortlist": served, "recall": columns(cal["recall"]),
-            "stderr": columns(cal["stderr"])} | (
-                {"skew": columns(cal["skew"])} if "skew" in cal else {})
+            "stderr": columns(cal["stderr"])}
 
 
 def _target_only(k):
