@@ -31,12 +31,6 @@ the target (_calibration.SPREAD_AT_TARGET off), the rule before it:
     python benchmarks/default_margin.py --queries lib,whole --z auto \
         --targets 0.9,0.95,0.98
 
-"allfirst" is the library's rule measuring all of its first queries even
-where their brute force would crowd out their ladder (no CEILING), the rule
-before that guard:
-
-    python benchmarks/default_margin.py --queries allfirst,lib --z auto
-
 --targets also searches with recall= each target from each table, and
 counts the targets whose recall lands outside +-0.02.
 
@@ -65,7 +59,6 @@ LIBRARY_SURE_Z = _calibration.sure_z
 LIBRARY_MEASURE = _calibration.measure
 LIBRARY_ALPHA = _calibration.SURE_ALPHA
 LIBRARY_HALF_PAST = _calibration.HALF_PAST
-LIBRARY_CEILING = _calibration.CEILING
 LIBRARY_AT_TARGET = _calibration.SPREAD_AT_TARGET
 
 
@@ -93,22 +86,17 @@ def measuring_each(counts, tables, seconds):
     "staged": its error rule alone, as a one-thread build takes it; a
     number: that many of the held-out queries, all of them at once) and
     keeps each in tables, its time in seconds. The index keeps the first.
-    "whole": the library's rule, no beam on half the queries; "allfirst":
-    the library's rule, all of the first queries whatever their truth
-    costs (no CEILING)."""
+    "whole": the library's rule, no beam on half the queries."""
     def measure(core, queries, truth_of, k, **kw):
         if kw.get("first") is None:
             return LIBRARY_MEASURE(core, queries, truth_of, k, **kw)
         for c in counts:
             t0 = time.perf_counter()
-            rule = {} if c in ("lib", "whole", "allfirst") else {
-                "budget": None} if c == "staged" else {
+            rule = {} if c in ("lib", "whole") else {"budget": None} if c == "staged" else {
                 "first": min(int(c), queries.shape[0]), "budget": None}
             _calibration.HALF_PAST = math.inf if c == "whole" else LIBRARY_HALF_PAST
-            _calibration.CEILING = math.inf if c == "allfirst" else LIBRARY_CEILING
             tables[c] = LIBRARY_MEASURE(core, queries, truth_of, k, **(kw | rule))
             _calibration.HALF_PAST = LIBRARY_HALF_PAST
-            _calibration.CEILING = LIBRARY_CEILING
             seconds[c] = time.perf_counter() - t0
         return tables[counts[0]]
     return measure

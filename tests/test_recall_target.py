@@ -137,8 +137,7 @@ def test_the_widest_beams_take_half_the_queries(built, monkeypatch):
 
 def test_a_budget_decides_how_many_more(built, monkeypatch):
     """With a budget, the rest are measured as far as the first's cost a
-    query says they fit, whatever the table's error; without room, none (and
-    of the first, their first half alone)."""
+    query says they fit, whatever the table's error; without room, none."""
     _, _, queries, _, index = built
     core, k, first = index._core, K, _calibration.QUERIES
 
@@ -147,54 +146,16 @@ def test_a_budget_decides_how_many_more(built, monkeypatch):
 
     q = np.ascontiguousarray(queries[:_calibration.MOST_QUERIES])
     assert _calibration.measure(core, q, truth_of, k, first=first, budget=0.0)["queries"] \
-        == first // 2
+        == first
     assert _calibration.measure(core, q, truth_of, k, first=first, budget=1e9)["queries"] \
         == q.shape[0]
-    # The first took 1 s on this clock (their first half's truth 0.25 s, then
-    # every reading 1 s, inside the budget for the ladder): a budget of 1.5 s
-    # holds half of them more.
-    ticks = iter([0.0, 0.25])
+    # The first took 1 s on this clock (every reading after the start is 1 s,
+    # inside the budget for the ladder): a budget of 1.5 s holds half of them
+    # more.
+    ticks = iter([0.0])
     monkeypatch.setattr(_calibration, "perf_counter", lambda: next(ticks, 1.0))
     assert _calibration.measure(core, q, truth_of, k, first=first, budget=1.5)["queries"] \
         == first + first // 2
-
-
-def test_a_slow_truth_keeps_the_first_half_alone(built, monkeypatch):
-    """Where the brute force of the first queries, projected from their
-    first half's, and their ladder at LADDER_PER_TRUTH times it would pass
-    CEILING of the build, the first half alone is measured; the budget's
-    rule then adds the rest as it would. A one-thread build's table (no
-    budget) takes all the first, whatever its truth costs."""
-    _, _, queries, _, index = built
-    core, first = index._core, _calibration.QUERIES
-    q, truth, truth_of = held_queries(core, queries)
-    asked = []
-
-    def counted(lo, hi, depth):
-        asked.append((lo, hi))
-        return truth_of(lo, hi, depth)
-
-    # The first half's truth took 0.6 s: 1.2 s for all, 2.16 s with the
-    # ladder, past 1.25 x a budget of 1.5 s. Then every reading is 1 s.
-    ticks = iter([0.0, 0.6])
-    monkeypatch.setattr(_calibration, "perf_counter", lambda: next(ticks, 1.0))
-    cal = _calibration.measure(core, q, counted, K, first=first, budget=1.5)
-    # The first 100 on 1 s: half a second more holds 50.
-    assert asked[0] == (0, first // 2) and asked[1] == (first // 2, first // 2 + 50)
-    assert cal["queries"] == first // 2 + 50
-    want = sweep_of(core, q[:cal["queries"]], truth[:cal["queries"]], cal["ef"][0],
-                    cal["shortlist"])
-    np.testing.assert_allclose(cal["recall"][0], want[0], atol=2e-5)
-    # At 0.5 s (1.8 s with the ladder, under 1.875) all of the first.
-    asked.clear()
-    ticks = iter([0.0, 0.5])
-    assert _calibration.measure(core, q, counted, K, first=first, budget=1.5)["queries"] \
-        >= first
-    assert asked[:2] == [(0, first // 2), (first // 2, first)]
-    asked.clear()
-    ticks = iter([0.0, 0.6])
-    _calibration.measure(core, q, counted, K, first=first)
-    assert asked[0] == (0, first)
 
 
 def test_a_spent_budget_takes_the_rest_of_the_ladder_on_half_the_queries(built, monkeypatch):
@@ -205,8 +166,7 @@ def test_a_spent_budget_takes_the_rest_of_the_ladder_on_half_the_queries(built, 
     _, _, queries, _, index = built
     core, n = index._core, _calibration.QUERIES
     q, truth, truth_of = held_queries(core, queries)
-    # No budget at all: of the first 2n, their first half alone.
-    cal = _calibration.measure(core, q, truth_of, K, first=2 * n, budget=0.0)
+    cal = _calibration.measure(core, q, truth_of, K, first=n, budget=0.0)
     used = cal["beam_queries"]
     assert cal["queries"] == n and len(used) > 2
     assert used == [n] + [n // 2] * (len(used) - 1)
@@ -476,7 +436,7 @@ def test_small_adds_measure_on_hidden_nodes_as_the_index_doubles():
     _, truth = brute_force(base[:3000], queries, K, "l2")
     assert recall_at_k(index.search(queries, K)[1], truth) >= 0.95
     assert recall_at_k(index.search(queries, K, recall=0.9)[1], truth) >= 0.85
-    index.add(base[3000:5000], threads=1)  # 2,000 at once: 200 held out (1/25 of 5,000)
+    index.add(base[3000:5000])        # 2,000 at once: 200 held out (1/25 of 5,000)
     cal = index.info()["calibration"]
     assert cal["source"] == "build"
     assert cal["queries"] == 200 and cal["count"] == 4800 and len(index) == 5000

@@ -61,17 +61,6 @@ MOST_QUERIES = 400
 # are measured on half of them (_ladder): 5.1-6.0% of the build on 3 of 27
 # such builds on an AMD EPYC VM before.
 BUDGET = 0.04
-# What a calibration may never pass: 5% of the build. The first queries'
-# brute force is paid before the budget can steer anything, and their ladder
-# costs up to LADDER_PER_TRUTH times it (100k x 256 under ip: 0.091 s
-# against 0.117; 1M x 768: 1.18 s over two passes against 1.93), so where
-# the brute force of the first half of them, times two, would leave the
-# ladder less than that share of CEILING's time (a fast build: 100k x 256,
-# ip, built in 5 s on an AMD EPYC VM, whose truth of 200 took 0.12-0.22 s
-# of a budget of 0.20, the calibration 5.2-6.6% of the build), the first
-# half alone is measured (benchmarks/calibration_cost.py).
-CEILING = 0.05
-LADDER_PER_TRUTH = 0.8
 TOLERANCE = 0.02
 STDERR_BOUND = TOLERANCE / 2.5
 PROMISED = (0.90, 0.95, 0.98)
@@ -192,8 +181,7 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
     given: the table is measured on queries[:first], and on as many of the
     rest as bring its error within STDERR_BOUND (the queries must come in
     random order), or with budget (seconds) given, as many as fit in it at
-    the first's cost a query (and of the first, their first half alone where
-    their brute force would leave their ladder too little: _first_truth)."""
+    the first's cost a query."""
     started = perf_counter()
     n = queries.shape[0]
     first = n if first is None else min(first, n)
@@ -203,8 +191,7 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
 
     # One brute force gives the head's truth and its half's (the half's k
     # nearest among the whole's HALF_DEPTH * k).
-    deep = _first_truth(truth_of, first, HALF_DEPTH * k, started, budget)
-    first = deep.shape[0]
+    deep = truth_of(0, first, HALF_DEPTH * k)
     head = part(0, first, deep[:, :k])
     head.half_ids = half_of(core)
     head.half_truth = within(deep, head.half_ids, k).ravel()
@@ -242,20 +229,6 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
     if depth is not None:
         cal["depth"] = depth
     return cal
-
-
-def _first_truth(truth_of, first, depth, started, budget):
-    """The depth true neighbours of the first queries; with a budget, of the
-    first half alone where the brute force of all of them would leave their
-    ladder too little of CEILING (LADDER_PER_TRUTH)."""
-    h = first // 2
-    if budget is None or h < MIN_QUERIES:
-        return truth_of(0, first, depth)
-    deep = truth_of(0, h, depth)
-    whole = (perf_counter() - started) * first / h
-    if whole * (1.0 + LADDER_PER_TRUTH) > budget * CEILING / BUDGET:
-        return deep
-    return np.concatenate([deep, truth_of(h, first, depth)])
 
 
 def half_of(core):
