@@ -23,7 +23,7 @@ struct sweep_run {
     struct kd_first_error fe;
     pthread_mutex_t lock; /* guards t */
     struct sweep_sums t;
-    struct kd_filter half; /* sw->half_ids as rows; allowed NULL: none */
+    struct kd_filter half; /* sw->half_ids as rows; allowed NULL: by salt or none */
 };
 
 /* Per worker: the query's true neighbours, and those within the half, as
@@ -81,6 +81,20 @@ static void count_hits(struct sweep_sums *t, size_t l, size_t hits, size_t nt)
     t->sum2[l] += r * r;
 }
 
+int kd_in_half(int64_t id, uint64_t salt)
+{
+    uint64_t x = (uint64_t)id ^ salt;
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return (int)((x ^ (x >> 31)) & 1);
+}
+
+static int row_in_half(const struct sweep_run *r, uint32_t row)
+{
+    return r->half.allowed ? r->half.allowed[row] : kd_in_half(r->ix->ids[row], r->sw->half_salt);
+}
+
 /* One query: the graph search with the longest shortlist, then the true
  * neighbours each prefix length holds. */
 static int sweep_query(struct sweep_run *r, struct kd_search_ctx *c, struct sweep_worker *w,
@@ -96,8 +110,7 @@ static int sweep_query(struct sweep_run *r, struct kd_search_ctx *c, struct swee
             return kd_fail(-ESRCH, "id %lld is not in the index", (long long)sw->hidden[i]);
     }
     size_t nt = truth_rows(ix, sw->truth + i * k, k, w->truth);
-    const uint8_t *half = r->half.allowed;
-    size_t nh = half ? truth_rows(ix, sw->half_truth + i * k, k, w->half_truth) : 0;
+    size_t nh = sw->half_truth ? truth_rows(ix, sw->half_truth + i * k, k, w->half_truth) : 0;
     if (hidden == ix->graph.entry || nt == 0)
         return 0; /* left out */
     /* The oversample whose shortlist is `most` rows, clipped below. */
@@ -121,7 +134,7 @@ static int sweep_query(struct sweep_run *r, struct kd_search_ctx *c, struct swee
         hits += in_truth(res[j].row, w->truth, nt);
         for (; l < sw->nlens && sw->lens[l] == j + 1; l++)
             count_hits(t, l, hits, nt);
-        if (nh && half[res[j].row]) {
+        if (nh && row_in_half(r, res[j].row)) {
             half_hits += in_truth(res[j].row, w->half_truth, nh);
             for (half_seen++; hl < sw->nlens && sw->lens[hl] == half_seen; hl++)
                 t->half_hits[hl] += half_hits;
@@ -218,7 +231,7 @@ int kd_index_recall_sweep(struct kd_index *ix, struct kd_sweep *sw)
         sw->recall[l] = r.t.truths ? (double)r.t.hits[l] / (double)r.t.truths : 1.0;
         double mean = nq ? r.t.sum[l] / nq : 0, var = nq ? r.t.sum2[l] / nq - mean * mean : 0;
         sw->spread[l] = var > 0 ? sqrt(var) : 0;
-        if (sw->half_ids)
+        if (sw->half_truth)
             sw->half_recall[l] = r.t.half_cut[l] || !r.t.half_truths
                                      ? NAN
                                      : (double)r.t.half_hits[l] / (double)r.t.half_truths;

@@ -13,7 +13,7 @@ import pytest
 
 import knndirect as kd
 from conftest import brute_force, clustered, open_quiet, recall_at_k, split
-from knndirect import _calibration
+from knndirect import _calibration, _core
 
 K = 10
 TARGETS = (0.90, 0.95, 0.98)
@@ -559,7 +559,9 @@ def test_the_sweep_measures_a_half_on_the_same_searches(built):
     shortlist, in order. All rows with the whole truth give the whole's
     recall exactly. Half the rows hold a true neighbour of the half less
     deep (fewer compete), so a short shortlist finds more; lengths that some
-    query's full shortlist could not fill with the half's rows are NaN."""
+    query's full shortlist could not fill with the half's rows are NaN. The
+    calibration's half is a salt, read by id (in_half): the same sweep as
+    the ids it marks."""
     _, _, queries, truth, index = built
     core = index._core
     q = np.ascontiguousarray(queries[:300])
@@ -568,20 +570,24 @@ def test_the_sweep_measures_a_half_on_the_same_searches(built):
     live = core.live_ids()
     whole, *_, same = core.recall_sweep(q, None, t, K, 24, lens, 1, live, t)
     assert same.tolist() == whole.tolist()
-    half = _calibration.half_of(core)
+    salt = _calibration.half_of(core)
+    assert salt == _calibration.half_of(core)  # drawn from the count
+    member = _core.in_half(live, salt)
+    half = live[member]
     assert abs(len(half) - len(live) / 2) < 4 * math.sqrt(len(live))
-    assert np.isin(half, live).all() and len(np.unique(half)) == len(half)
     half_truth = core.search(q, K, 0, 0.0, True, True, 0, half)[1]
     deep = core.search(q, 4 * K, 0, 0.0, True, True, 0, None)[1]
     # The half's truth read off the whole's 4k nearest: the same, but where
     # fewer than k of them fall in the half (those are left -1).
-    read = _calibration.within(deep, half, K)
+    read = _calibration.within(deep, _core.in_half(deep.ravel(), salt).reshape(deep.shape), K)
     short = np.isin(deep, half).sum(axis=1) < K
     assert (read[~short] == half_truth[~short]).all() and short.sum() <= 2
     assert ((read[short] == half_truth[short]) | (read[short] == -1)).all()
     assert np.isin(half_truth, half).all()
-    recall, *_, of_half = core.recall_sweep(q, None, t, K, 24, lens, 1, half, half_truth.ravel())
+    recall, *_, of_half = core.recall_sweep(q, None, t, K, 24, lens, 1, salt, half_truth.ravel())
     assert recall.tolist() == whole.tolist()  # the whole's is untouched
+    by_ids = core.recall_sweep(q, None, t, K, 24, lens, 1, half, half_truth.ravel())[-1]
+    np.testing.assert_array_equal(of_half, by_ids)
     assert np.isnan(of_half[-1]) and not np.isnan(of_half[:4]).any()
     # With half the competitors a short shortlist holds more of the half's
     # truth, where the neighbours deepen at all: ip's top barely does with
@@ -589,10 +595,30 @@ def test_the_sweep_measures_a_half_on_the_same_searches(built):
     # reaching fewer of its farther neighbours, can read lower.
     if index._cal["depth"] >= 0.1:
         assert (of_half[:3] > whole[:3]).all()
-    with pytest.raises(ValueError, match="the half's"):
-        core.recall_sweep(q, None, t, K, 24, lens, 1, half, None)
-    with pytest.raises(ValueError, match="the half's"):
-        core.recall_sweep(q, None, t, K, 24, lens, 1, half, half_truth.ravel()[:-1])
+    for h in (half, salt):
+        with pytest.raises(ValueError, match="the half's"):
+            core.recall_sweep(q, None, t, K, 24, lens, 1, h, None)
+        with pytest.raises(ValueError, match="the half's"):
+            core.recall_sweep(q, None, t, K, 24, lens, 1, h, half_truth.ravel()[:-1])
+    with pytest.raises(OverflowError):
+        core.recall_sweep(q, None, t, K, 24, lens, 1, -1, half_truth.ravel())
+
+
+def test_a_salt_marks_half_of_any_ids():
+    """in_half keeps about half of any id set, sequential, strided or
+    random, each id the same way every time; two salts, two halves that
+    overlap by about half."""
+    rng = np.random.default_rng(5)
+    for ids in (np.arange(20000), np.arange(0, 2 ** 40, 2 ** 24),
+                rng.integers(-2 ** 62, 2 ** 62, 20000)):
+        ids = ids.astype(np.int64)
+        a, b = _core.in_half(ids, 12345), _core.in_half(ids, 67890)
+        n = len(ids)
+        for m in (a, b, a & b):
+            share = 0.25 if m is not a and m is not b else 0.5
+            assert abs(m.sum() - share * n) < 5 * math.sqrt(n)
+        assert (_core.in_half(ids[::-1].copy(), 12345) == a[::-1]).all()
+    assert _core.in_half(np.array([], np.int64), 1).shape == (0,)
 
 
 def test_each_table_measures_its_depth(built):

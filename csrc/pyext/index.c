@@ -653,13 +653,14 @@ static PyObject *Index_same_quantizer(KdIndexObject *self, PyObject *arg)
     return PyBool_FromLong(same);
 }
 
-/* recall_sweep(queries, hidden, truth, k, ef, lens, threads=0, half_ids=None,
+/* recall_sweep(queries, hidden, truth, k, ef, lens, threads=0, half=None,
  *              half_truth=None) ->
  * (recall per length, its spread over queries, code distances computed per
  * query, refinements per query, queries measured, the half's recall per
  * length or None).
  * hidden, truth and the half's are int64 (hidden may be None; truths are
- * nq * k ids, flat), lens int64 ascending. */
+ * nq * k ids, flat), lens int64 ascending. half: the half's ids, or an int,
+ * the salt of kd_in_half's half. */
 static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
 {
     PyObject *qo, *ho, *to, *lo, *hio = Py_None, *hto = Py_None;
@@ -678,6 +679,8 @@ static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
     const int64_t *hidden = NULL, *truth = NULL, *lens64 = NULL, *half_ids = NULL,
                   *half_truth = NULL;
     size_t nq = 0, nh = 0, nt = 0, nl = 0, nhalf = 0, nht = 0;
+    unsigned long long salt = 0;
+    int by_salt = PyLong_Check(hio);
     uint32_t *lens = NULL;
     PyObject *recall = NULL, *spread = NULL, *half = NULL, *out = NULL;
     int err = 0, taken = 0;
@@ -685,11 +688,13 @@ static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
         goto done;
     taken = 1;
     if (kd_take_ids(ho, &hv, &hidden, &nh) || kd_take_ids(to, &tv, &truth, &nt) ||
-        kd_take_ids(lo, &lv, &lens64, &nl) || kd_take_ids(hio, &hiv, &half_ids, &nhalf) ||
+        kd_take_ids(lo, &lv, &lens64, &nl) ||
+        (by_salt ? (salt = PyLong_AsUnsignedLongLong(hio), PyErr_Occurred() != NULL)
+                 : kd_take_ids(hio, &hiv, &half_ids, &nhalf)) ||
         kd_take_ids(hto, &htv, &half_truth, &nht))
         goto done;
     if ((hidden && nh != nq) || nt != nq * (size_t)k || nl == 0 ||
-        (half_ids ? !half_truth || nht != nq * (size_t)k : half_truth != NULL)) {
+        (half_ids || by_salt ? !half_truth || nht != nq * (size_t)k : half_truth != NULL)) {
         PyErr_SetString(PyExc_ValueError,
                         "recall_sweep: hidden, truth, lens or the half's of the wrong size");
         goto done;
@@ -698,7 +703,7 @@ static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
     if (!(lens = PyMem_Malloc(nl * sizeof *lens)) ||
         !(recall = PyArray_SimpleNew(1, &dims, NPY_FLOAT64)) ||
         !(spread = PyArray_SimpleNew(1, &dims, NPY_FLOAT64)) ||
-        (half_ids && !(half = PyArray_SimpleNew(1, &dims, NPY_FLOAT64)))) {
+        (half_truth && !(half = PyArray_SimpleNew(1, &dims, NPY_FLOAT64)))) {
         PyErr_NoMemory();
         goto done;
     }
@@ -716,6 +721,7 @@ static PyObject *Index_recall_sweep(KdIndexObject *self, PyObject *args)
                           half_ids,
                           half_truth,
                           nhalf,
+                          (uint64_t)salt,
                           (size_t)k,
                           (size_t)ef,
                           lens,
@@ -811,8 +817,8 @@ static PyMethodDef Index_methods[] = {
     {"same_quantizer", (PyCFunction)Index_same_quantizer, METH_O,
      "same_quantizer(other) -> True when both encode alike."},
     {"recall_sweep", (PyCFunction)Index_recall_sweep, METH_VARARGS,
-     "recall_sweep(queries, hidden, truth, k, ef, lens, threads=0, half_ids=None, "
-     "half_truth=None)"},
+     "recall_sweep(queries, hidden, truth, k, ef, lens, threads=0, half=None, "
+     "half_truth=None); half: ids, or in_half's salt"},
     {"calibration", (PyCFunction)Index_calibration, METH_NOARGS, "The stored calibration (bytes)."},
     {"set_calibration", (PyCFunction)Index_set_calibration, METH_O,
      "set_calibration(data): store bytes as the calibration (b'': none)."},

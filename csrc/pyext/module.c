@@ -2,6 +2,7 @@
 #define KD_PYEXT_MODULE
 #include "pyext.h"
 #include "buildcode.h"
+#include "calibrate.h"
 #include "common.h"
 #include "distance.h"
 #include "exact.h"
@@ -206,6 +207,31 @@ static PyObject *mod_quantizer_centres(PyObject *mod, PyObject *args)
     return PyLong_FromUnsignedLong(kd_quant_centres_for((size_t)n));
 }
 
+/* in_half(ids, salt) -> bool array: which of the int64 ids kd_in_half puts
+ * in salt's half (the calibration's random half, read by id). */
+static PyObject *mod_in_half(PyObject *mod, PyObject *args)
+{
+    PyObject *ids_obj;
+    unsigned long long salt;
+    if (!PyArg_ParseTuple(args, "OK", &ids_obj, &salt))
+        return NULL;
+    Py_buffer v = {0};
+    const int64_t *ids = NULL;
+    size_t n = 0;
+    if (kd_take_ids(ids_obj, &v, &ids, &n))
+        return NULL;
+    npy_intp dims = (npy_intp)n;
+    PyObject *out = PyArray_SimpleNew(1, &dims, NPY_BOOL);
+    if (out) {
+        npy_bool *in = PyArray_DATA((PyArrayObject *)out);
+        Py_BEGIN_ALLOW_THREADS for (size_t i = 0; i < n; i++)
+            in[i] = (npy_bool)kd_in_half(ids[i], (uint64_t)salt);
+        Py_END_ALLOW_THREADS
+    }
+    kd_release_buffer(&v);
+    return out;
+}
+
 static PyObject *mod_build_code_row_bytes(PyObject *mod, PyObject *args)
 {
     unsigned int dim;
@@ -371,6 +397,8 @@ static PyMethodDef mod_methods[] = {
      "the live vectors of several indexes as one index file. progress(done, total) returning "
      "False cancels (RuntimeError, no file); it runs with the indexes locked and must not "
      "modify, search or close them."},
+    {"in_half", mod_in_half, METH_VARARGS,
+     "in_half(ids, salt) -> bool array: the ids in salt's half of any id set."},
     {"quantizer_centres", mod_quantizer_centres, METH_VARARGS,
      "quantizer_centres(n): the centres a 1-bit quantizer fitted on n vectors gets."},
     {"build_code_row_bytes", mod_build_code_row_bytes, METH_VARARGS,
