@@ -194,8 +194,8 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
     deep = truth_of(0, first, HALF_DEPTH * k)
     head = part(0, first, deep[:, :k])
     head.half = half_of(core)
-    head.half_truth = within(deep, in_half(deep.ravel(), head.half).reshape(deep.shape),
-                             k).ravel()
+    member = in_half(np.ascontiguousarray(deep, np.int64).ravel(), head.half)
+    head.half_truth = within(deep, member.reshape(deep.shape), k).ravel()
     top = MAX_OVERSAMPLE
     measured_to = 0.0
     while True:
