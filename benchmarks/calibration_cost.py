@@ -96,8 +96,7 @@ def half_filter(index, queries, cal_mod):
     half = np.ascontiguousarray(live[cal_mod.in_half(live, salt)])
     _, deep = index.search(q, cal_mod.HALF_DEPTH * k, exact=True)
     truth = np.ascontiguousarray(deep[:, :k], np.int64).ravel()
-    member = cal_mod.in_half(np.ascontiguousarray(deep).ravel(), salt).reshape(deep.shape)
-    half_truth = cal_mod.within(deep, member, k).ravel()
+    half_truth = cal_mod.within(deep, salt, k).ravel()
     lens = np.asarray(index._cal["shortlist"], np.int64)
 
     def sweep(h=None):

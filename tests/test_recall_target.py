@@ -579,7 +579,7 @@ def test_the_sweep_measures_a_half_on_the_same_searches(built):
     deep = core.search(q, 4 * K, 0, 0.0, True, True, 0, None)[1]
     # The half's truth read off the whole's 4k nearest: the same, but where
     # fewer than k of them fall in the half (those are left -1).
-    read = _calibration.within(deep, _core.in_half(deep.ravel(), salt).reshape(deep.shape), K)
+    read = _calibration.within(deep, salt, K)
     short = np.isin(deep, half).sum(axis=1) < K
     assert (read[~short] == half_truth[~short]).all() and short.sum() <= 2
     assert ((read[short] == half_truth[short]) | (read[short] == -1)).all()
@@ -619,6 +619,8 @@ def test_a_salt_marks_half_of_any_ids():
             assert abs(m.sum() - share * n) < 5 * math.sqrt(n)
         assert (_core.in_half(ids[::-1].copy(), 12345) == a[::-1]).all()
     assert _core.in_half(np.array([], np.int64), 1).shape == (0,)
+    with pytest.raises(OverflowError):  # as recall_sweep's salt
+        _core.in_half(np.arange(3), -1)
 
 
 def test_each_table_measures_its_depth(built):

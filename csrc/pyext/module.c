@@ -211,9 +211,12 @@ static PyObject *mod_quantizer_centres(PyObject *mod, PyObject *args)
  * in salt's half (the calibration's random half, read by id). */
 static PyObject *mod_in_half(PyObject *mod, PyObject *args)
 {
-    PyObject *ids_obj;
-    unsigned long long salt;
-    if (!PyArg_ParseTuple(args, "OK", &ids_obj, &salt))
+    PyObject *ids_obj, *salt_obj;
+    if (!PyArg_ParseTuple(args, "OO!", &ids_obj, &PyLong_Type, &salt_obj))
+        return NULL;
+    /* Checked, as recall_sweep's salt: "K" would take -1 as 2^64 - 1. */
+    unsigned long long salt = PyLong_AsUnsignedLongLong(salt_obj);
+    if (PyErr_Occurred())
         return NULL;
     Py_buffer v = {0};
     const int64_t *ids = NULL;

@@ -194,8 +194,7 @@ def measure(core, queries, truth_of, k, *, hidden=None, threads=0, source="build
     deep = truth_of(0, first, HALF_DEPTH * k)
     head = part(0, first, deep[:, :k])
     head.half = half_of(core)
-    member = in_half(np.ascontiguousarray(deep, np.int64).ravel(), head.half)
-    head.half_truth = within(deep, member.reshape(deep.shape), k).ravel()
+    head.half_truth = within(deep, head.half, k).ravel()
     top = MAX_OVERSAMPLE
     measured_to = 0.0
     while True:
@@ -242,14 +241,15 @@ def half_of(core):
     return int(rng.integers(0, 2**63, dtype=np.int64))
 
 
-def within(deep, member, k):
-    """Per row of deep (ids, nearest first), the first k that member (a
-    bool per id) marks; -1 where fewer are."""
-    member = np.asarray(member, bool) & (deep >= 0)
+def within(deep, salt, k):
+    """Per row of deep (ids, nearest first), the first k in salt's half
+    (in_half); -1 where fewer are."""
+    deep = np.ascontiguousarray(deep, np.int64)
+    member = in_half(deep.ravel(), salt).reshape(deep.shape) & (deep >= 0)
     order = np.argsort(~member, axis=1, kind="stable")[:, :k]
-    out = np.take_along_axis(deep, order, axis=1).astype(np.int64)
+    out = np.take_along_axis(deep, order, axis=1)  # a new int64 array
     out[~np.take_along_axis(member, order, axis=1)] = -1
-    return np.ascontiguousarray(out)
+    return out
 
 
 def depth_exponent(rows, lens, refined=False):
